@@ -1,0 +1,1 @@
+"""The shardq coordinator: gRPC API, tenant placement and the Python client."""

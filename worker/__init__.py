@@ -1,0 +1,1 @@
+"""The shardq worker runtime."""
