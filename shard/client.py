@@ -1,0 +1,572 @@
+"""The typed Python API over one shard's Redis: the only way shardq code touches shard data.
+
+Every state change is one Lua script (``shard/lua/``); reads are plain commands. Methods take
+batches where the hot path needs them (enqueue, claim, heartbeat, ack, fail), because one
+round trip per job per step caps a process at ~10k jobs/s. Inputs are checked before anything
+is sent, so bad input raises :class:`~shard.errors.InvalidArgument` and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+
+from shard import cron, validation
+from shard.clock import Clock, SystemClock
+from shard.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    ItemCode,
+    NotFound,
+    ResourceExhausted,
+)
+from shard.ids import new_job_id
+from shard.keys import Keys
+from shard.models import (
+    ClaimedJob,
+    DueTick,
+    EnqueueResult,
+    FailResult,
+    Failure,
+    JobPage,
+    JobRecord,
+    Lease,
+    NewJob,
+    Schedule,
+    ScheduleSpec,
+    ShardSettings,
+    TenantCounts,
+)
+from shard.scripts import register_all
+
+LISTABLE_STATES = ("scheduled", "ready", "active", "dead")
+_CLAIM_STRIDE = 12
+
+
+def _s(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def digest(handler: str, payload: bytes) -> str:
+    """What makes two submits of one request_id "the same job"."""
+    h = hashlib.blake2b(handler.encode(), digest_size=8)
+    h.update(b"\0")
+    h.update(payload)
+    return h.hexdigest()
+
+
+class ShardClient:
+    """One shard's data plane. Safe to share between tasks of one event loop."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        settings: ShardSettings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.redis = redis
+        # redis-py's annotations say "bytes | str" for every reply whatever decode_responses
+        # is; this client always works in bytes, so replies are read through an untyped alias.
+        self._r: Any = redis
+        self.settings = settings or ShardSettings()
+        self.clock = clock or SystemClock()
+        self.keys = Keys(self.settings.key_prefix)
+        self._scripts = register_all(redis)
+        self._base = self.keys.base()
+
+    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._scripts[name](keys=[self._base, *keys], args=list(args))
+
+    # --- submit -------------------------------------------------------------------------
+
+    def prepare(self, job: NewJob, now_ms: int | None = None) -> list[Any]:
+        """Check one job and turn it into its ARGV fields for ``enqueue.lua``."""
+        s = self.settings
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        validation.tenant_id(job.tenant)
+        validation.handler(job.handler)
+        validation.request_id(job.request_id)
+        payload = validation.payload(job.payload, s.max_payload_bytes)
+        prio = validation.priority(job.priority)
+        if job.job_id:
+            validation.job_id(job.job_id)
+        if job.run_at_ms is not None and job.delay_ms is not None:
+            raise InvalidArgument("give run_at_ms or delay_ms, not both", field="delay_ms")
+        if job.delay_ms is not None:
+            delay = validation.int_in_range(job.delay_ms, 0, s.max_schedule_horizon_ms, "delay_ms")
+            run_at = now + delay
+        elif job.run_at_ms is not None:
+            run_at = validation.int_in_range(
+                job.run_at_ms, 0, now + s.max_schedule_horizon_ms, "run_at_ms"
+            )
+        else:
+            run_at = now
+        attempts = validation.int_in_range(
+            job.max_attempts, 0, validation.MAX_ATTEMPTS_LIMIT, "max_attempts"
+        )
+        timeout = validation.int_in_range(
+            job.timeout_ms, 0, validation.MAX_TIMEOUT_MS, "timeout_ms"
+        )
+        max_pending = validation.int_in_range(job.limits.max_pending, 0, 2**53, "max_pending")
+        rate = job.limits.rate_per_s
+        if not isinstance(rate, int | float) or not 0 <= rate < 1e9:
+            raise InvalidArgument(f"{rate!r} is not a rate >= 0", field="rate_per_s")
+        return [
+            job.tenant,
+            job.job_id or new_job_id(now),
+            job.request_id,
+            job.handler,
+            payload,
+            prio,
+            run_at,
+            attempts or s.default_max_attempts,
+            timeout or s.default_timeout_ms,
+            digest(job.handler, payload),
+            max_pending,
+            repr(float(rate)),
+        ]
+
+    async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+        """Enqueue jobs (any tenants of this shard); one result per job, in order.
+
+        Every job is checked before any is written: one bad job fails the call and writes
+        nothing. Refusals that depend on state (dedupe conflict, quota, rate) come back per job.
+        """
+        now = self.clock.now_ms()
+        prepared = [self.prepare(j, now) for j in jobs]
+        return await self.enqueue_prepared(prepared, now)
+
+    async def enqueue_prepared(
+        self, prepared: Sequence[list[Any]], now_ms: int | None = None
+    ) -> list[EnqueueResult]:
+        """Enqueue jobs already checked by :meth:`prepare`, in batches of ``max_batch``."""
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        out: list[EnqueueResult] = []
+        step = self.settings.max_batch
+        for i in range(0, len(prepared), step):
+            args: list[Any] = [now, self.settings.dedupe_ttl_ms]
+            for fields in prepared[i : i + step]:
+                args.extend(fields)
+            rows = await self._run("enqueue", [], args)
+            out.extend(
+                EnqueueResult(ItemCode(int(c)), _s(jid), _s(st), int(ra)) for c, jid, st, ra in rows
+            )
+        return out
+
+    async def submit(self, job: NewJob) -> EnqueueResult:
+        """Enqueue one job and raise on refusal (AlreadyExists, ResourceExhausted)."""
+        (res,) = await self.enqueue([job])
+        raise_for_enqueue(res)
+        return res
+
+    # --- the shard loop ---------------------------------------------------------------
+
+    async def promote(self, limit: int | None = None) -> tuple[int, int | None]:
+        """Move due jobs to ready, in capped batches until none is due.
+
+        Returns (jobs taken off the delayed set, next due time in unix ms or None).
+        """
+        limit = limit or self.settings.max_batch
+        total = 0
+        while True:
+            taken, next_due = await self._run(
+                "promote", [self.keys.scheduled()], [self.clock.now_ms(), limit]
+            )
+            total += int(taken)
+            if int(taken) < limit:
+                return total, (None if int(next_due) < 0 else int(next_due))
+
+    async def reap(self, limit: int | None = None) -> tuple[int, int]:
+        """Take back expired leases until none is left: (back to ready, to dead)."""
+        limit = limit or self.settings.max_batch
+        ready = dead = 0
+        while True:
+            taken, to_ready, to_dead = await self._run(
+                "reap",
+                [self.keys.leases()],
+                [self.clock.now_ms(), limit, self.settings.retention_ms],
+            )
+            ready += int(to_ready)
+            dead += int(to_dead)
+            if int(taken) < limit:
+                return ready, dead
+
+    async def next_due_ms(self) -> int | None:
+        first = await self._r.zrange(self.keys.scheduled(), 0, 0, withscores=True)
+        return int(first[0][1]) if first else None
+
+    async def wait_for_promoter_wake(self, timeout_s: float) -> bool:
+        """Block until an earlier job is scheduled (True) or the timeout passes (False)."""
+        return await self._r.blpop([self.keys.promoter_wake()], timeout_s) is not None
+
+    async def acquire_leader(self, instance_id: str, ttl_ms: int) -> bool:
+        return bool(await self._run("leader", [self.keys.leader()], [instance_id, ttl_ms]))
+
+    async def release_leader(self, instance_id: str) -> bool:
+        return bool(await self._run("leader_release", [self.keys.leader()], [instance_id]))
+
+    # --- workers ---------------------------------------------------------------------
+
+    async def claim(self, worker_id: str, max_jobs: int, lease_ms: int) -> list[ClaimedJob]:
+        validation.worker_id(worker_id)
+        validation.int_in_range(max_jobs, 1, self.settings.max_batch, "max_jobs")
+        validation.int_in_range(lease_ms, 1, validation.MAX_TIMEOUT_MS, "lease_ms")
+        k = self.keys
+        flat = await self._run(
+            "claim",
+            [k.fence(), k.leases(), k.weights()],
+            [self.clock.now_ms(), lease_ms, max_jobs, worker_id],
+        )
+        jobs = []
+        for i in range(0, len(flat), _CLAIM_STRIDE):
+            f = flat[i : i + _CLAIM_STRIDE]
+            jobs.append(
+                ClaimedJob(
+                    job_id=f[0].decode(),
+                    fence=int(f[1]),
+                    tenant=f[2].decode(),
+                    request_id=f[3].decode(),
+                    handler=f[4].decode(),
+                    payload=f[5],
+                    priority=int(f[6]),
+                    run_at_ms=int(f[7]),
+                    created_at_ms=int(f[8]),
+                    attempt=int(f[9]),
+                    max_attempts=int(f[10]),
+                    timeout_ms=int(f[11]),
+                )
+            )
+        return jobs
+
+    async def wait_for_work(self, timeout_s: float) -> bool:
+        """Block until a job may be ready (True) or the timeout passes (False). No polling."""
+        return await self._r.blpop([self.keys.wake()], timeout_s) is not None
+
+    @staticmethod
+    def _lease_args(leases: Sequence[Lease]) -> list[Any]:
+        args: list[Any] = []
+        for lease in leases:
+            args += [lease.job_id, lease.fence]
+        return args
+
+    async def heartbeat(self, leases: Sequence[Lease], lease_ms: int) -> list[ItemCode]:
+        """Extend leases in one round trip: OK, CANCEL_REQUESTED or STALE_LEASE per lease."""
+        if not leases:
+            return []
+        codes = await self._run(
+            "heartbeat",
+            [self.keys.leases()],
+            [self.clock.now_ms(), lease_ms, *self._lease_args(leases)],
+        )
+        return [ItemCode(int(c)) for c in codes]
+
+    async def ack(self, leases: Sequence[Lease]) -> list[ItemCode]:
+        """Finish jobs whose results are committed: OK, CANCELLED or STALE_LEASE per lease."""
+        if not leases:
+            return []
+        codes = await self._run(
+            "ack",
+            [],
+            [self.clock.now_ms(), self.settings.retention_ms, *self._lease_args(leases)],
+        )
+        return [ItemCode(int(c)) for c in codes]
+
+    async def fail(self, failures: Sequence[Failure]) -> list[FailResult]:
+        """Record failed attempts: retry after backoff, or dead when attempts are used up."""
+        if not failures:
+            return []
+        now = self.clock.now_ms()
+        args: list[Any] = [now, self.settings.retention_ms]
+        for f in failures:
+            retry_at = f.retry_at_ms
+            if retry_at is None:
+                retry_at = now + self.settings.backoff.delay_ms(max(1, f.attempt))
+            args += [f.job_id, f.fence, f.error[:4096], retry_at, int(f.permanent)]
+        rows = await self._run("fail", [], args)
+        return [FailResult(ItemCode(int(c)), _s(st)) for c, st in rows]
+
+    # --- tenants ----------------------------------------------------------------------
+
+    async def cancel(self, tenant: str, job_id: str) -> tuple[ItemCode, str]:
+        """Cancel a job: (OK, 'cancelled') or (CANCEL_REQUESTED, 'active').
+
+        Raises NotFound (no such job of this tenant) or FailedPrecondition (already final).
+        """
+        validation.tenant_id(tenant)
+        validation.job_id(job_id)
+        code, state = await self._run(
+            "cancel", [], [tenant, job_id, self.clock.now_ms(), self.settings.retention_ms]
+        )
+        code = ItemCode(int(code))
+        if code is ItemCode.NOT_FOUND:
+            raise NotFound(f"no job {job_id}", field="job_id")
+        if code is ItemCode.ALREADY_TERMINAL:
+            raise FailedPrecondition(f"job {job_id} is already {_s(state)}", field="job_id")
+        return code, _s(state)
+
+    async def requeue_dead(self, tenant: str, job_ids: Sequence[str]) -> tuple[int, list[str]]:
+        """Dead jobs back to ready with fresh attempts: (requeued, IDs that were not dead)."""
+        validation.tenant_id(tenant)
+        for jid in job_ids:
+            validation.job_id(jid)
+        requeued, missing = 0, []
+        step = self.settings.max_batch
+        for i in range(0, len(job_ids), step):
+            n, miss = await self._run(
+                "requeue", [self.keys.dead(tenant)], [tenant, *job_ids[i : i + step]]
+            )
+            requeued += int(n)
+            missing += [_s(m) for m in miss]
+        return requeued, missing
+
+    async def get_job(self, tenant: str, job_id: str) -> JobRecord:
+        """One job of this tenant; NotFound for another tenant's job, as for a missing one."""
+        validation.tenant_id(tenant)
+        validation.job_id(job_id)
+        raw = await self._r.hgetall(self.keys.job(job_id))
+        if not raw or raw.get(b"t", b"").decode() != tenant:
+            raise NotFound(f"no job {job_id}", field="job_id")
+        return _record(job_id, raw)
+
+    async def counts(self, tenant: str) -> TenantCounts:
+        validation.tenant_id(tenant)
+        raw = await self._r.hgetall(self.keys.counts(tenant))
+        values = {k.decode(): int(v) for k, v in raw.items()}
+        return TenantCounts(**{k: v for k, v in values.items() if k in TenantCounts.__slots__})
+
+    async def tenants(self) -> list[str]:
+        return sorted(m.decode() for m in await self._r.smembers(self.keys.tenants()))
+
+    async def set_weight(self, tenant: str, weight: int) -> None:
+        """Jobs a tenant gets per round-robin turn (1 = an equal share)."""
+        validation.tenant_id(tenant)
+        validation.int_in_range(weight, 1, 1000, "weight")
+        if weight == 1:
+            await self._r.hdel(self.keys.weights(), tenant)
+        else:
+            await self._r.hset(self.keys.weights(), tenant, weight)
+
+    async def list_jobs(
+        self, tenant: str, state: str, page_size: int = 100, page_token: str = ""
+    ) -> JobPage:
+        """A page of one tenant's jobs in one state (scheduled by run-at, dead newest first).
+
+        Page tokens are positions; jobs that change state between pages may shift a page.
+        """
+        validation.tenant_id(tenant)
+        if state not in LISTABLE_STATES:
+            raise InvalidArgument(f"{state!r} is not one of {LISTABLE_STATES}", field="state")
+        size = validation.int_in_range(page_size, 1, 1000, "page_size")
+        if state == "ready":
+            return await self._list_ready(tenant, size, page_token)
+        offset = _parse_offset(page_token)
+        k = self.keys
+        if state == "dead":
+            ids = await self._r.zrevrange(k.dead(tenant), offset, offset + size - 1)
+        else:
+            key = (
+                k.scheduled_by_tenant(tenant)
+                if state == "scheduled"
+                else k.active_by_tenant(tenant)
+            )
+            ids = await self._r.zrange(key, offset, offset + size - 1)
+        jobs = await self._records([i.decode() for i in ids])
+        token = str(offset + size) if len(ids) == size else ""
+        return JobPage(jobs, token)
+
+    async def _list_ready(self, tenant: str, size: int, page_token: str) -> JobPage:
+        prio, offset = 9, 0
+        if page_token:
+            try:
+                p, o = page_token.split(".")
+                prio, offset = validation.priority(int(p)), int(o)
+            except (ValueError, InvalidArgument) as exc:
+                raise InvalidArgument("not a token from this listing", field="page_token") from exc
+        jobs: list[JobRecord] = []
+        while prio >= 0 and len(jobs) < size:
+            ids = await self._r.lrange(self.keys.ready(tenant, prio), offset, offset + size - 1)
+            for n, rec in enumerate(await self._records([i.decode() for i in ids])):
+                if len(jobs) == size:
+                    return JobPage(jobs, f"{prio}.{offset + n}")
+                if rec.state == "ready":
+                    jobs.append(rec)
+            if len(ids) == size:
+                offset += size
+            else:
+                prio, offset = prio - 1, 0
+        return JobPage(jobs, f"{prio}.{offset}" if len(jobs) == size and prio >= 0 else "")
+
+    async def _records(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        pipe = self._r.pipeline(transaction=False)
+        for jid in job_ids:
+            pipe.hgetall(self.keys.job(jid))
+        raws = await pipe.execute()
+        return [_record(jid, raw) for jid, raw in zip(job_ids, raws, strict=True) if raw]
+
+    # --- recurring schedules -------------------------------------------------------------
+
+    async def upsert_schedule(
+        self, tenant: str, spec: ScheduleSpec, max_schedules: int = 0
+    ) -> Schedule:
+        validation.tenant_id(tenant)
+        validation.schedule_id(spec.schedule_id)
+        cron.check(spec.cron, spec.time_zone)
+        # The template must be a valid job; its request_id is made per tick.
+        self.prepare(
+            NewJob(
+                tenant=tenant,
+                handler=spec.handler,
+                payload=spec.payload,
+                request_id="cron:check",
+                priority=spec.priority,
+                max_attempts=spec.max_attempts,
+                timeout_ms=spec.timeout_ms,
+            )
+        )
+        now = self.clock.now_ms()
+        tick = cron.next_tick_ms(spec.cron, spec.time_zone, now)
+        body = json.dumps(
+            {
+                "cron": spec.cron,
+                "tz": spec.time_zone,
+                "handler": spec.handler,
+                "payload": spec.payload.decode("utf-8", "surrogateescape"),
+                "priority": spec.priority,
+                "max_attempts": spec.max_attempts,
+                "timeout_ms": spec.timeout_ms,
+                "created_at_ms": spec.created_at_ms or now,
+            }
+        )
+        code = await self._run(
+            "schedule_upsert",
+            [self.keys.schedules(tenant), self.keys.cron()],
+            [tenant, spec.schedule_id, body, tick, max_schedules],
+        )
+        if ItemCode(int(code)) is ItemCode.OVER_QUOTA:
+            raise ResourceExhausted(
+                f"the tenant has {max_schedules} schedules already",
+                retry_after_ms=0,
+                field="schedule_id",
+            )
+        return Schedule(_spec(spec.schedule_id, body), tenant, tick)
+
+    async def delete_schedule(self, tenant: str, schedule_id: str) -> None:
+        validation.tenant_id(tenant)
+        validation.schedule_id(schedule_id)
+        code = await self._run(
+            "schedule_delete",
+            [self.keys.schedules(tenant), self.keys.cron()],
+            [tenant, schedule_id],
+        )
+        if ItemCode(int(code)) is ItemCode.NOT_FOUND:
+            raise NotFound(f"no schedule {schedule_id}", field="schedule_id")
+
+    async def list_schedules(self, tenant: str) -> list[Schedule]:
+        validation.tenant_id(tenant)
+        raw = await self._r.hgetall(self.keys.schedules(tenant))
+        pipe = self._r.pipeline(transaction=False)
+        ids = sorted(k.decode() for k in raw)
+        for sid in ids:
+            pipe.zscore(self.keys.cron(), f"{tenant}/{sid}")
+        scores = await pipe.execute()
+        return [
+            Schedule(_spec(sid, raw[sid.encode()].decode()), tenant, int(score or 0))
+            for sid, score in zip(ids, scores, strict=True)
+        ]
+
+    async def get_schedule(self, tenant: str, schedule_id: str) -> ScheduleSpec | None:
+        body = await self._r.hget(self.keys.schedules(tenant), schedule_id)
+        return _spec(schedule_id, body.decode()) if body is not None else None
+
+    async def due_ticks(self, limit: int = 100) -> list[DueTick]:
+        rows = await self._r.zrangebyscore(
+            self.keys.cron(), "-inf", self.clock.now_ms(), start=0, num=limit, withscores=True
+        )
+        out = []
+        for member, score in rows:
+            tenant, _, sid = member.decode().partition("/")
+            out.append(DueTick(tenant, sid, int(score)))
+        return out
+
+    async def advance_schedule(self, tick: DueTick, next_tick_ms: int) -> ItemCode:
+        code = await self._run(
+            "schedule_advance",
+            [self.keys.cron()],
+            [f"{tick.tenant}/{tick.schedule_id}", tick.tick_ms, next_tick_ms],
+        )
+        return ItemCode(int(code))
+
+
+def raise_for_enqueue(res: EnqueueResult) -> None:
+    """Turn a refused enqueue into its error; accepted results pass through."""
+    if res.code is ItemCode.CONFLICT:
+        raise AlreadyExists(
+            f"request_id was used for job {res.job_id} with another handler or payload",
+            field="request_id",
+        )
+    if res.code is ItemCode.OVER_QUOTA:
+        raise ResourceExhausted(
+            "the tenant has too many pending jobs", retry_after_ms=res.retry_after_ms
+        )
+    if res.code is ItemCode.RATE_LIMITED:
+        raise ResourceExhausted("the tenant submits too fast", retry_after_ms=res.retry_after_ms)
+
+
+def _parse_offset(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        return validation.int_in_range(int(token), 0, 2**31, "page_token")
+    except ValueError as exc:
+        raise InvalidArgument("not a token from this listing", field="page_token") from exc
+
+
+def _spec(schedule_id: str, body: str) -> ScheduleSpec:
+    d = json.loads(body)
+    return ScheduleSpec(
+        schedule_id=schedule_id,
+        cron=d["cron"],
+        time_zone=d["tz"],
+        handler=d["handler"],
+        payload=d["payload"].encode("utf-8", "surrogateescape"),
+        priority=d["priority"],
+        max_attempts=d["max_attempts"],
+        timeout_ms=d["timeout_ms"],
+        created_at_ms=d["created_at_ms"],
+    )
+
+
+def _record(job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
+    def i(name: bytes) -> int:
+        return int(raw.get(name, b"0") or 0)
+
+    def t(name: bytes) -> str:
+        return raw.get(name, b"").decode()
+
+    return JobRecord(
+        job_id=job_id,
+        tenant=t(b"t"),
+        request_id=t(b"r"),
+        handler=t(b"h"),
+        payload=raw.get(b"p", b""),
+        priority=i(b"pr"),
+        state=t(b"s"),
+        run_at_ms=i(b"ra"),
+        created_at_ms=i(b"ca"),
+        attempts=i(b"at"),
+        max_attempts=i(b"ma"),
+        timeout_ms=i(b"to"),
+        fence=i(b"f"),
+        worker_id=t(b"w"),
+        started_at_ms=i(b"sa"),
+        finished_at_ms=i(b"fa"),
+        last_error=t(b"e"),
+        cancel_requested=raw.get(b"cx") == b"1",
+    )

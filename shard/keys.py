@@ -1,0 +1,144 @@
+"""Every Redis key shardq uses on a shard, in one place.
+
+All keys share one configurable prefix (``SHARDQ_KEY_PREFIX``, default ``shardq``). Keys that
+embed a tenant ID only ever embed a validated one (``[A-Za-z0-9._-]{1,64}``, see
+:mod:`shard.validation`), so a tenant can never address another tenant's keys.
+
+Lua scripts receive the keys they touch in ``KEYS``. Per-tenant keys that a script can only
+discover while it runs (the next tenant in a round-robin ring, the tenant of a promoted job)
+are derived inside Lua from ``KEYS[1]``, which is always :meth:`Keys.base` (the prefix plus
+``:``); the Lua helpers in ``shard/lua/_lib.lua`` build them with the same spelling as the
+methods below. Changing a spelling here means changing it there: ``tests/unit/test_keys.py``
+checks that both agree.
+
+A job's hash uses short field names to keep a scheduled job small in memory; they are listed
+in :data:`JOB_FIELDS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Field names of the job hash ``{prefix}:job:{job_id}`` and what each holds.
+JOB_FIELDS: dict[str, str] = {
+    "t": "tenant ID",
+    "r": "request ID (the tenant's idempotency key)",
+    "h": "handler name",
+    "p": "payload (bytes, a JSON document)",
+    "pr": "priority 0-9, 9 most urgent",
+    "s": "state: scheduled | ready | active | succeeded | dead | cancelled",
+    "ra": "run-at, unix ms (when it was or will be due)",
+    "ca": "created-at, unix ms",
+    "at": "attempts so far (claims, including the one running)",
+    "ma": "max attempts",
+    "to": "handler timeout, ms",
+    "f": "fencing token of the current or last lease",
+    "w": "worker ID of the current or last lease",
+    "sa": "started-at of the current or last attempt, unix ms",
+    "fa": "finished-at, unix ms (terminal states)",
+    "e": "last error",
+    "cx": "1 when cancel was requested while active",
+}
+
+#: The job states, as stored in field ``s``.
+STATES = ("scheduled", "ready", "active", "succeeded", "dead", "cancelled")
+TERMINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key builder for one shard's Redis. Every method returns one key; its Redis type is noted."""
+
+    prefix: str = "shardq"
+
+    def base(self) -> str:
+        """The prefix plus ``:``; passed as KEYS[1] so Lua can derive per-tenant keys."""
+        return f"{self.prefix}:"
+
+    def job(self, job_id: str) -> str:
+        """HASH: one job (fields in :data:`JOB_FIELDS`)."""
+        return f"{self.prefix}:job:{job_id}"
+
+    def scheduled(self) -> str:
+        """ZSET: job IDs not yet due, scored by run-at (unix ms). All tenants of the shard."""
+        return f"{self.prefix}:scheduled"
+
+    def scheduled_by_tenant(self, tenant: str) -> str:
+        """ZSET: one tenant's scheduled job IDs by run-at, for listing and moving a tenant."""
+        return f"{self.prefix}:tscheduled:{tenant}"
+
+    def active_by_tenant(self, tenant: str) -> str:
+        """ZSET: one tenant's active job IDs scored by claim time (unix ms), for listing."""
+        return f"{self.prefix}:tactive:{tenant}"
+
+    def ready(self, tenant: str, priority: int) -> str:
+        """LIST: ready job IDs of one tenant at one priority, FIFO (RPUSH, LPOP).
+
+        May hold IDs of jobs cancelled while ready: claim skips them (lazy removal keeps
+        cancel O(1) however long the list is).
+        """
+        return f"{self.prefix}:ready:{tenant}:{priority}"
+
+    def ring(self, priority: int) -> str:
+        """LIST: tenants with a non-empty ready list at this priority, in round-robin order."""
+        return f"{self.prefix}:ring:{priority}"
+
+    def credit(self, priority: int) -> str:
+        """HASH: tenant -> jobs claimed in its current turn at this priority (weights > 1)."""
+        return f"{self.prefix}:credit:{priority}"
+
+    def weights(self) -> str:
+        """HASH: tenant -> fairness weight (jobs per round-robin turn); absent means 1."""
+        return f"{self.prefix}:weights"
+
+    def leases(self) -> str:
+        """ZSET: active job IDs scored by lease deadline (unix ms); the reaper ranges it."""
+        return f"{self.prefix}:leases"
+
+    def fence(self) -> str:
+        """STRING (integer): the shard's fencing-token counter; every claim takes a new one."""
+        return f"{self.prefix}:fence"
+
+    def dead(self, tenant: str) -> str:
+        """ZSET: one tenant's dead job IDs, scored by the time they died (unix ms)."""
+        return f"{self.prefix}:dead:{tenant}"
+
+    def dedupe(self, tenant: str, request_id: str) -> str:
+        """STRING ``"{job_id} {digest}"`` with a TTL (the retention window)."""
+        return f"{self.prefix}:dedupe:{tenant}:{request_id}"
+
+    def counts(self, tenant: str) -> str:
+        """HASH: per-tenant gauges and counters, kept in O(1) by every script.
+
+        Gauges: ``scheduled``, ``ready``, ``active``, ``dead``. Counters (only grow):
+        ``submitted``, ``succeeded``, ``failed`` (attempts that failed or expired).
+        """
+        return f"{self.prefix}:counts:{tenant}"
+
+    def tenants(self) -> str:
+        """SET: every tenant that has or had jobs on this shard."""
+        return f"{self.prefix}:tenants"
+
+    def bucket(self, tenant: str) -> str:
+        """HASH ``{tokens, ts}``: the tenant's submit-rate token bucket."""
+        return f"{self.prefix}:bucket:{tenant}"
+
+    def wake(self) -> str:
+        """LIST: wake-up tokens for idle workers (BLPOP), capped in length."""
+        return f"{self.prefix}:wake"
+
+    def promoter_wake(self) -> str:
+        """LIST: wake-up tokens for the shard loop when a job earlier than the next due arrives."""
+        return f"{self.prefix}:promoter_wake"
+
+    def leader(self) -> str:
+        """STRING: the instance ID of the shard loop holding the leader lease (with a TTL)."""
+        return f"{self.prefix}:leader"
+
+    def schedules(self, tenant: str) -> str:
+        """HASH: schedule ID -> JSON spec of one tenant's recurring schedules."""
+        return f"{self.prefix}:schedules:{tenant}"
+
+    def cron(self) -> str:
+        """ZSET: ``{tenant}/{schedule_id}`` scored by its next tick (unix ms)."""
+        return f"{self.prefix}:cron"

@@ -1,0 +1,30 @@
+-- Mark jobs done after their result rows are committed. A stale fencing token is refused and
+-- changes nothing; a job cancelled while it ran ends as cancelled, not succeeded.
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, counts keys
+-- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
+-- ARGV[2]  retention_ms              (int)     how long the finished job hash is kept
+-- ARGV[3..] pairs: job_id, fence
+-- Returns  one code per pair: OK | CANCELLED (ended as cancelled) | STALE_LEASE
+local now, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV, 2 do
+  local id, fence = ARGV[i], ARGV[i + 1]
+  local job = k_job(id)
+  local j = redis.call('HMGET', job, 's', 'f', 'cx', 't')
+  if j[1] ~= 'active' or j[2] ~= fence then
+    out[#out + 1] = STALE_LEASE
+  else
+    local tenant = j[4]
+    end_lease(id, tenant)
+    if j[3] == '1' then
+      redis.call('HSET', job, 's', 'cancelled', 'fa', now)
+      out[#out + 1] = CANCELLED
+    else
+      redis.call('HSET', job, 's', 'succeeded', 'fa', now)
+      redis.call('HINCRBY', k_counts(tenant), 'succeeded', 1)
+      out[#out + 1] = OK
+    end
+    redis.call('PEXPIRE', job, retention)
+  end
+end
+return out

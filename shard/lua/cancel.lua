@@ -1,0 +1,28 @@
+-- Cancel one job of a tenant. Scheduled and ready jobs end at once (a ready job's ID is left in
+-- its list and skipped by claim, which keeps this O(log N)); an active job is marked so that
+-- its completion is recorded as cancelled, and its worker learns it at the next heartbeat.
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, scheduled, tscheduled, counts keys
+-- ARGV[1]  tenant                    (string)  the caller's tenant: another's job is NOT_FOUND
+-- ARGV[2]  job_id                    (string)
+-- ARGV[3]  now_ms                    (int)     caller's clock, unix ms
+-- ARGV[4]  retention_ms              (int)     how long the cancelled job hash is kept
+-- Returns  {code, state}: OK ('cancelled') | CANCEL_REQUESTED ('active')
+--          | ALREADY_TERMINAL (its final state) | NOT_FOUND
+local tenant, id, now, retention = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local job = k_job(id)
+local j = redis.call('HMGET', job, 't', 's')
+if j[1] ~= tenant then return {NOT_FOUND, ''} end
+local state = j[2]
+if state == 'active' then
+  redis.call('HSET', job, 'cx', 1)
+  return {CANCEL_REQUESTED, 'active'}
+elseif state == 'scheduled' then
+  redis.call('ZREM', k_scheduled(), id)
+  redis.call('ZREM', k_tscheduled(tenant), id)
+elseif state ~= 'ready' then
+  return {ALREADY_TERMINAL, state}
+end
+redis.call('HINCRBY', k_counts(tenant), state, -1)
+redis.call('HSET', job, 's', 'cancelled', 'fa', now)
+redis.call('PEXPIRE', job, retention)
+return {OK, 'cancelled'}

@@ -1,0 +1,78 @@
+-- Enqueue a batch of jobs (any tenants of this shard): ready now, or scheduled for later.
+-- Idempotent per (tenant, request_id) for the dedupe window; per-tenant quota and rate checked
+-- atomically with the write, so a refused job writes nothing.
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, ring, tscheduled, dedupe,
+--                                              counts, bucket, tenants, wake keys
+-- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
+-- ARGV[2]  dedupe_ttl_ms             (int)     how long a request_id stays deduplicated
+-- ARGV[3..] 12 fields per job:
+--   tenant, job_id, request_id, handler, payload, priority (0-9), run_at_ms,
+--   max_attempts, timeout_ms, digest (of handler+payload), max_pending (0 = no quota),
+--   rate_per_s (0 = no limit; burst = max(1, rate_per_s))
+-- Returns  one {code, job_id, state, retry_after_ms} per job, in order:
+--   OK | DEDUPLICATED (job_id of the first job, its state or '' if it expired)
+--   | CONFLICT (same request_id, other handler/payload; job_id of the first)
+--   | OVER_QUOTA | RATE_LIMITED (retry_after_ms > 0)
+local now = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local STRIDE = 12
+local out = {}
+local woke = false
+
+for i = 3, #ARGV, STRIDE do
+  local tenant, id, rid, handler, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local prio, run_at = ARGV[i + 5], tonumber(ARGV[i + 6])
+  local max_attempts, timeout_ms, digest = ARGV[i + 7], ARGV[i + 8], ARGV[i + 9]
+  local max_pending, rate = tonumber(ARGV[i + 10]), tonumber(ARGV[i + 11])
+  local dkey = k_dedupe(tenant, rid)
+  local counts = k_counts(tenant)
+  local seen = redis.call('GET', dkey)
+  local result
+  if seen then
+    local first_id, first_digest = string.match(seen, '^(%S+) (%S+)$')
+    local code = CONFLICT
+    if first_digest == digest then code = DEDUPLICATED end
+    result = {code, first_id, redis.call('HGET', k_job(first_id), 's') or '', 0}
+  else
+    if max_pending > 0 then
+      local c = redis.call('HMGET', counts, 'scheduled', 'ready', 'active')
+      local pending = (tonumber(c[1]) or 0) + (tonumber(c[2]) or 0) + (tonumber(c[3]) or 0)
+      if pending >= max_pending then result = {OVER_QUOTA, '', '', 1000} end
+    end
+    if not result and rate > 0 then
+      -- Token bucket refilled continuously at rate_per_s, holding at most max(1, rate) tokens.
+      local burst = math.max(1, rate)
+      local b = redis.call('HMGET', k_bucket(tenant), 'tokens', 'ts')
+      local tokens, ts = tonumber(b[1]) or burst, tonumber(b[2]) or now
+      tokens = math.min(burst, tokens + math.max(0, now - ts) * rate / 1000)
+      if tokens < 1 then
+        result = {RATE_LIMITED, '', '', math.ceil((1 - tokens) * 1000 / rate)}
+      else
+        tokens = tokens - 1
+      end
+      redis.call('HSET', k_bucket(tenant), 'tokens', tostring(tokens), 'ts', now)
+      redis.call('PEXPIRE', k_bucket(tenant), math.ceil(burst * 1000 / rate) + 1000)
+    end
+    if not result then
+      redis.call('SET', dkey, id .. ' ' .. digest, 'PX', ttl)
+      local state = 'ready'
+      if run_at > now then state = 'scheduled' end
+      redis.call('HSET', k_job(id), 't', tenant, 'r', rid, 'h', handler, 'p', payload,
+        'pr', prio, 's', state, 'ra', run_at, 'ca', now, 'at', 0, 'ma', max_attempts,
+        'to', timeout_ms, 'f', 0)
+      if state == 'ready' then
+        push_ready(id, tenant, prio)
+        woke = true
+      else
+        push_scheduled(id, tenant, run_at)
+      end
+      redis.call('HINCRBY', counts, state, 1)
+      redis.call('HINCRBY', counts, 'submitted', 1)
+      redis.call('SADD', k_tenants(), tenant)
+      result = {OK, id, state, 0}
+    end
+  end
+  out[#out + 1] = result
+end
+if woke then wake_workers() end
+return out

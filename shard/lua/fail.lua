@@ -1,0 +1,41 @@
+-- Record failed attempts: back to the delayed ZSET for a retry at retry_at_ms, or to the
+-- tenant's dead-letter set when attempts are used up or the failure is permanent. The retry
+-- time (exponential backoff with jitter) is computed by the caller: no clock or randomness here.
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, scheduled,
+--                                              tscheduled, dead, counts, promoter_wake keys
+-- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
+-- ARGV[2]  retention_ms              (int)     how long a job cancelled meanwhile is kept
+-- ARGV[3..] 5 fields per job: job_id, fence, error (string), retry_at_ms (int),
+--           permanent (1 = dead now, whatever attempts remain)
+-- Returns  one {code, state} per job: OK with state 'scheduled' or 'dead'
+--          | CANCELLED (cancel was requested while it ran) | STALE_LEASE (nothing changed)
+local now, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV, 5 do
+  local id, fence, err = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local retry_at, permanent = tonumber(ARGV[i + 3]), ARGV[i + 4] == '1'
+  local job = k_job(id)
+  local j = redis.call('HMGET', job, 's', 'f', 'cx', 't', 'at', 'ma')
+  if j[1] ~= 'active' or j[2] ~= fence then
+    out[#out + 1] = {STALE_LEASE, j[1] or ''}
+  else
+    local tenant = j[4]
+    end_lease(id, tenant)
+    redis.call('HINCRBY', k_counts(tenant), 'failed', 1)
+    if j[3] == '1' then
+      redis.call('HSET', job, 's', 'cancelled', 'fa', now, 'e', err)
+      redis.call('PEXPIRE', job, retention)
+      out[#out + 1] = {CANCELLED, 'cancelled'}
+    elseif permanent or tonumber(j[5]) >= tonumber(j[6]) then
+      redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', err)
+      push_dead(id, tenant, now)
+      out[#out + 1] = {OK, 'dead'}
+    else
+      redis.call('HSET', job, 's', 'scheduled', 'ra', retry_at, 'e', err)
+      push_scheduled(id, tenant, retry_at)
+      redis.call('HINCRBY', k_counts(tenant), 'scheduled', 1)
+      out[#out + 1] = {OK, 'scheduled'}
+    end
+  end
+end
+return out

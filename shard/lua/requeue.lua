@@ -1,0 +1,25 @@
+-- Move dead jobs of one tenant back to ready with a fresh set of attempts.
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, ring, counts, wake keys
+-- KEYS[2]  {prefix}:dead:{tenant}    (ZSET)    the tenant's dead job IDs
+-- ARGV[1]  tenant                    (string)
+-- ARGV[2..] job IDs
+-- Returns  {requeued, {job IDs that were not dead jobs of this tenant}}
+local tenant = ARGV[1]
+local requeued, missing = 0, {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local job = k_job(id)
+  local prio = redis.call('HGET', job, 'pr')
+  if prio and redis.call('ZREM', KEYS[2], id) == 1 then
+    redis.call('HSET', job, 's', 'ready', 'at', 0)
+    redis.call('HDEL', job, 'fa')
+    push_ready(id, tenant, prio)
+    redis.call('HINCRBY', k_counts(tenant), 'dead', -1)
+    redis.call('HINCRBY', k_counts(tenant), 'ready', 1)
+    requeued = requeued + 1
+  else
+    missing[#missing + 1] = id
+  end
+end
+if requeued > 0 then wake_workers() end
+return {requeued, missing}

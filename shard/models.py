@@ -1,0 +1,190 @@
+"""Typed values that cross the shard API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shard.backoff import Backoff
+from shard.errors import ItemCode
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSettings:
+    """How a shard's data plane behaves. One instance per process; defaults suit production."""
+
+    #: Prefix of every Redis key (``SHARDQ_KEY_PREFIX``).
+    key_prefix: str = "shardq"
+    #: How long a (tenant, request_id) stays deduplicated after submit, in ms (24 h).
+    dedupe_ttl_ms: int = 86_400_000
+    #: How long a finished (succeeded/cancelled) job stays readable in Redis, in ms (24 h).
+    retention_ms: int = 86_400_000
+    #: Largest payload accepted, in bytes (1 MiB).
+    max_payload_bytes: int = 1_048_576
+    #: Attempts a job gets when it does not say (a job may ask for 1 to 1,000).
+    default_max_attempts: int = 5
+    #: Handler timeout when a job does not say, in ms (5 min).
+    default_timeout_ms: int = 300_000
+    #: Furthest into the future a job may be scheduled, in ms (366 days).
+    max_schedule_horizon_ms: int = 366 * 86_400_000
+    #: Most jobs one script call handles (enqueue, claim, ack, heartbeat, promote, reap).
+    max_batch: int = 500
+    #: Retry delays after failed attempts.
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-tenant admission limits checked atomically with the write. 0 means no limit."""
+
+    #: Most jobs a tenant may have scheduled, ready or active at once.
+    max_pending: int = 0
+    #: Submits per second (token bucket, burst = max(1, rate)).
+    rate_per_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to enqueue. ``run_at_ms`` and ``delay_ms`` are exclusive; neither means now."""
+
+    tenant: str
+    handler: str
+    payload: bytes
+    request_id: str
+    priority: int = 0
+    run_at_ms: int | None = None
+    delay_ms: int | None = None
+    #: 0 takes ShardSettings.default_max_attempts.
+    max_attempts: int = 0
+    #: 0 takes ShardSettings.default_timeout_ms.
+    timeout_ms: int = 0
+    limits: Limits = field(default_factory=Limits)
+    #: Set by the shard API when empty; a caller may fix it (migration keeps IDs).
+    job_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    code: ItemCode
+    job_id: str
+    state: str
+    retry_after_ms: int = 0
+
+    @property
+    def accepted(self) -> bool:
+        return self.code in (ItemCode.OK, ItemCode.DEDUPLICATED)
+
+    @property
+    def deduplicated(self) -> bool:
+        return self.code is ItemCode.DEDUPLICATED
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job this worker now holds a lease on; ``fence`` must accompany every later call."""
+
+    job_id: str
+    fence: int
+    tenant: str
+    request_id: str
+    handler: str
+    payload: bytes
+    priority: int
+    run_at_ms: int
+    created_at_ms: int
+    attempt: int
+    max_attempts: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    job_id: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt to record. ``retry_at_ms`` None means: back off per ShardSettings."""
+
+    job_id: str
+    fence: int
+    attempt: int
+    error: str
+    permanent: bool = False
+    retry_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailResult:
+    code: ItemCode
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """Everything the shard knows of one job."""
+
+    job_id: str
+    tenant: str
+    request_id: str
+    handler: str
+    payload: bytes
+    priority: int
+    state: str
+    run_at_ms: int
+    created_at_ms: int
+    attempts: int
+    max_attempts: int
+    timeout_ms: int
+    fence: int
+    worker_id: str
+    started_at_ms: int
+    finished_at_ms: int
+    last_error: str
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TenantCounts:
+    scheduled: int = 0
+    ready: int = 0
+    active: int = 0
+    dead: int = 0
+    submitted: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: list[JobRecord]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """A recurring schedule: a 5-field cron expression in a time zone, and the job to enqueue."""
+
+    schedule_id: str
+    cron: str
+    handler: str
+    payload: bytes
+    time_zone: str = "UTC"
+    priority: int = 0
+    max_attempts: int = 0
+    timeout_ms: int = 0
+    created_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    spec: ScheduleSpec
+    tenant: str
+    next_tick_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DueTick:
+    tenant: str
+    schedule_id: str
+    tick_ms: int

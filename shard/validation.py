@@ -1,0 +1,72 @@
+"""Input checks for everything that reaches a shard. Each raises InvalidArgument naming the field.
+
+IDs that end up inside Redis keys are restricted to characters that cannot change a key's
+meaning (no ``:``, ``{``, ``*``, spaces or control characters).
+"""
+
+from __future__ import annotations
+
+import re
+
+from shard.errors import InvalidArgument
+
+TENANT_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+HANDLER_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+SCHEDULE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+JOB_ID_RE = re.compile(r"[0-9A-Za-z]{1,64}")
+WORKER_ID_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+#: Largest attempt count a job may ask for.
+MAX_ATTEMPTS_LIMIT = 1_000
+#: Longest handler timeout a job may ask for, in ms (24 h).
+MAX_TIMEOUT_MS = 86_400_000
+
+
+def _matches(pattern: re.Pattern[str], value: object, field: str, what: str) -> str:
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise InvalidArgument(f"{value!r} is not a valid {what} ({pattern.pattern})", field=field)
+    return value
+
+
+def tenant_id(value: object, field: str = "tenant_id") -> str:
+    return _matches(TENANT_ID_RE, value, field, "tenant ID")
+
+
+def request_id(value: object, field: str = "request_id") -> str:
+    return _matches(REQUEST_ID_RE, value, field, "request ID")
+
+
+def handler(value: object, field: str = "handler") -> str:
+    return _matches(HANDLER_RE, value, field, "handler name")
+
+
+def schedule_id(value: object, field: str = "schedule_id") -> str:
+    return _matches(SCHEDULE_ID_RE, value, field, "schedule ID")
+
+
+def job_id(value: object, field: str = "job_id") -> str:
+    return _matches(JOB_ID_RE, value, field, "job ID")
+
+
+def worker_id(value: object, field: str = "worker_id") -> str:
+    return _matches(WORKER_ID_RE, value, field, "worker ID")
+
+
+def int_in_range(value: object, low: int, high: int, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"{value!r} is outside [{low}, {high}]", field=field)
+    return value
+
+
+def priority(value: object, field: str = "priority") -> int:
+    return int_in_range(value, MIN_PRIORITY, MAX_PRIORITY, field)
+
+
+def payload(value: object, max_bytes: int, field: str = "payload") -> bytes:
+    if not isinstance(value, bytes | bytearray):
+        raise InvalidArgument("must be bytes (a JSON document)", field=field)
+    if len(value) > max_bytes:
+        raise InvalidArgument(f"{len(value)} bytes is over the {max_bytes}-byte limit", field=field)
+    return bytes(value)

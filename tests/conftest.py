@@ -1,0 +1,48 @@
+"""Fixtures shared by every test: a real redis-server per test, a fake clock, a shard client.
+
+A missing redis-server (or Postgres, see tests/preflight.py) fails the run, never skips it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from shard import FakeClock, ShardClient, ShardSettings
+from shard.redis_server import RedisProcess
+
+
+@pytest.fixture
+def redis_proc() -> Iterator[RedisProcess]:
+    """A fresh redis-server on a free port, removed after the test: no test sees another's keys."""
+    proc = RedisProcess().start()
+    try:
+        yield proc
+    finally:
+        proc.cleanup()
+
+
+@pytest.fixture
+async def redis(redis_proc: RedisProcess) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_proc.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(start_ms=1_700_000_000_000)
+
+
+@pytest.fixture
+def settings() -> ShardSettings:
+    return ShardSettings(key_prefix="sq")
+
+
+@pytest.fixture
+def shard(redis: Redis, settings: ShardSettings, clock: FakeClock) -> ShardClient:
+    return ShardClient(redis, settings, clock)

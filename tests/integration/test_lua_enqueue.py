@@ -1,0 +1,171 @@
+"""enqueue.lua: seed a state, enqueue, assert the whole resulting keyspace and every code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from shard import FakeClock, ItemCode, Limits, NewJob, ShardClient
+from shard.client import digest
+from tests.support.state import dump, ttls
+
+NOW = 1_700_000_000_000
+P = b'{"to":"a@example.com"}'
+
+
+def job(tenant: str = "acme", request_id: str = "r1", **kw: Any) -> NewJob:
+    return NewJob(
+        tenant=tenant,
+        handler=kw.pop("handler", "email.send"),
+        payload=kw.pop("payload", P),
+        request_id=request_id,
+        job_id=kw.pop("job_id", "J1"),
+        **kw,
+    )
+
+
+def job_hash(state: str, run_at: int = NOW, **over: str) -> dict[str, str]:
+    h = {
+        "t": "acme", "r": "r1", "h": "email.send", "p": P.decode(), "pr": "0", "s": state,
+        "ra": str(run_at), "ca": str(NOW), "at": "0", "ma": "5", "to": "300000", "f": "0",
+    }  # fmt: skip
+    h.update(over)
+    return h
+
+
+DEDUPE = f"J1 {digest('email.send', P)}"
+
+
+async def test_a_job_due_now_is_ready_and_wakes_one_worker(shard: ShardClient, redis: Redis) -> None:
+    (res,) = await shard.enqueue([job()])
+    assert (res.code, res.job_id, res.state) == (ItemCode.OK, "J1", "ready")
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("ready"),
+        "sq:ready:acme:0": ["J1"],
+        "sq:ring:0": ["acme"],
+        "sq:dedupe:acme:r1": DEDUPE,
+        "sq:counts:acme": {"ready": "1", "submitted": "1"},
+        "sq:tenants": {"acme"},
+        "sq:wake": ["1"],
+    }
+    assert set(await ttls(redis)) == {"sq:dedupe:acme:r1"}
+
+
+async def test_a_future_job_is_scheduled_and_wakes_the_promoter(
+    shard: ShardClient, redis: Redis
+) -> None:
+    (res,) = await shard.enqueue([job(delay_ms=5_000, priority=7)])
+    assert (res.code, res.state) == (ItemCode.OK, "scheduled")
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("scheduled", NOW + 5_000, pr="7"),
+        "sq:scheduled": [("J1", NOW + 5_000)],
+        "sq:tscheduled:acme": [("J1", NOW + 5_000)],
+        "sq:promoter_wake": ["1"],
+        "sq:dedupe:acme:r1": DEDUPE,
+        "sq:counts:acme": {"scheduled": "1", "submitted": "1"},
+        "sq:tenants": {"acme"},
+    }
+
+
+async def test_a_later_job_than_the_next_due_does_not_wake_the_promoter(
+    shard: ShardClient, redis: Redis
+) -> None:
+    await shard.enqueue([job(delay_ms=1_000)])
+    await redis.delete("sq:promoter_wake")
+    await shard.enqueue([job(request_id="r2", job_id="J2", delay_ms=2_000)])
+    assert await redis.exists("sq:promoter_wake") == 0
+    await shard.enqueue([job(request_id="r3", job_id="J3", delay_ms=500)])
+    assert await redis.lrange("sq:promoter_wake", 0, -1) == [b"1"]
+
+
+async def test_run_at_in_the_past_is_ready_at_once(shard: ShardClient) -> None:
+    (res,) = await shard.enqueue([job(run_at_ms=NOW - 60_000)])
+    assert res.state == "ready"
+
+
+async def test_same_request_id_and_payload_returns_the_first_job(
+    shard: ShardClient, redis: Redis
+) -> None:
+    await shard.enqueue([job()])
+    before = await dump(redis)
+    (res,) = await shard.enqueue([job(job_id="J2")])
+    assert (res.code, res.job_id, res.state, res.deduplicated) == (
+        ItemCode.DEDUPLICATED, "J1", "ready", True,
+    )  # fmt: skip
+    assert await dump(redis) == before
+
+
+async def test_same_request_id_with_another_payload_is_a_conflict(
+    shard: ShardClient, redis: Redis
+) -> None:
+    await shard.enqueue([job()])
+    before = await dump(redis)
+    (res,) = await shard.enqueue([job(job_id="J2", payload=b'{"to":"b@example.com"}')])
+    assert (res.code, res.job_id) == (ItemCode.CONFLICT, "J1")
+    (res,) = await shard.enqueue([job(job_id="J3", handler="email.other")])
+    assert (res.code, res.job_id) == (ItemCode.CONFLICT, "J1")
+    assert await dump(redis) == before
+
+
+async def test_request_ids_are_per_tenant(shard: ShardClient) -> None:
+    a, b = await shard.enqueue([job(), job(tenant="bravo", job_id="J2")])
+    assert (a.code, b.code, b.job_id) == (ItemCode.OK, ItemCode.OK, "J2")
+
+
+async def test_a_duplicate_inside_one_batch_is_deduplicated(shard: ShardClient) -> None:
+    a, b = await shard.enqueue([job(), job(job_id="J2")])
+    assert (a.code, b.code, b.job_id) == (ItemCode.OK, ItemCode.DEDUPLICATED, "J1")
+
+
+async def test_dedupe_expires_after_the_window(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await shard.enqueue([job()])
+    ttl = await redis.pttl("sq:dedupe:acme:r1")
+    assert 0 < ttl <= shard.settings.dedupe_ttl_ms
+
+
+async def test_over_quota_is_refused_and_writes_nothing(shard: ShardClient, redis: Redis) -> None:
+    limits = Limits(max_pending=1)
+    await shard.enqueue([job(limits=limits)])
+    before = await dump(redis)
+    (res,) = await shard.enqueue([job(request_id="r2", job_id="J2", limits=limits)])
+    assert res.code is ItemCode.OVER_QUOTA and res.retry_after_ms > 0
+    assert await dump(redis) == before
+
+
+async def test_rate_limit_refuses_past_the_burst_then_refills(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    limits = Limits(rate_per_s=2)
+    results = await shard.enqueue(
+        [job(request_id=f"r{i}", job_id=f"J{i}", limits=limits) for i in range(3)]
+    )
+    assert [r.code for r in results] == [ItemCode.OK, ItemCode.OK, ItemCode.RATE_LIMITED]
+    assert results[2].retry_after_ms == 500
+    assert not await redis.exists("sq:job:J2")
+    clock.advance(500)
+    (res,) = await shard.enqueue([job(request_id="r2", job_id="J2", limits=limits)])
+    assert res.code is ItemCode.OK
+
+
+async def test_a_refused_item_does_not_stop_the_rest_of_the_batch(shard: ShardClient) -> None:
+    await shard.enqueue([job()])
+    results = await shard.enqueue(
+        [job(job_id="X", payload=b"{}"), job(request_id="r2", job_id="J2")]
+    )
+    assert [r.code for r in results] == [ItemCode.CONFLICT, ItemCode.OK]
+
+
+@pytest.mark.parametrize("count", [1, 501, 1_200])
+async def test_large_batches_are_split_and_all_land(
+    shard: ShardClient, redis: Redis, count: int
+) -> None:
+    results = await shard.enqueue(
+        [job(request_id=f"r{i}", job_id=f"J{i}") for i in range(count)]
+    )
+    assert all(r.code is ItemCode.OK for r in results)
+    assert await redis.llen("sq:ready:acme:0") == count
+    assert await redis.hget("sq:counts:acme", "ready") == str(count).encode()
