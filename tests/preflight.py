@@ -9,17 +9,17 @@ import os
 import shutil
 import sys
 
+import psycopg
+
+from shard.redis_server import RedisBinaryNotFound, find_redis_server
+
 
 def main() -> int:
     problems: list[str] = []
-    from shard.redis_server import RedisBinaryNotFound, find_redis_server
-
     try:
         find_redis_server()
     except RedisBinaryNotFound as exc:
         problems.append(str(exc))
-
-    import psycopg
 
     url = os.environ.get(
         "SHARDQ_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

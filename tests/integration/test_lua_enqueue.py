@@ -38,7 +38,9 @@ def job_hash(state: str, run_at: int = NOW, **over: str) -> dict[str, str]:
 DEDUPE = f"J1 {digest('email.send', P)}"
 
 
-async def test_a_job_due_now_is_ready_and_wakes_one_worker(shard: ShardClient, redis: Redis) -> None:
+async def test_a_job_due_now_is_ready_and_wakes_one_worker(
+    shard: ShardClient, redis: Redis
+) -> None:
     (res,) = await shard.enqueue([job()])
     assert (res.code, res.job_id, res.state) == (ItemCode.OK, "J1", "ready")
     assert await dump(redis) == {
@@ -163,9 +165,7 @@ async def test_a_refused_item_does_not_stop_the_rest_of_the_batch(shard: ShardCl
 async def test_large_batches_are_split_and_all_land(
     shard: ShardClient, redis: Redis, count: int
 ) -> None:
-    results = await shard.enqueue(
-        [job(request_id=f"r{i}", job_id=f"J{i}") for i in range(count)]
-    )
+    results = await shard.enqueue([job(request_id=f"r{i}", job_id=f"J{i}") for i in range(count)])
     assert all(r.code is ItemCode.OK for r in results)
     assert await redis.llen("sq:ready:acme:0") == count
     assert await redis.hget("sq:counts:acme", "ready") == str(count).encode()

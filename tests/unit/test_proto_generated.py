@@ -10,6 +10,7 @@ from types import ModuleType
 import pytest
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
 from shardq.v1 import (
     admin_pb2_grpc,
     common_pb2,
