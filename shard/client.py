@@ -202,6 +202,10 @@ class ShardClient:
         first = await self._r.zrange(self.keys.scheduled(), 0, 0, withscores=True)
         return int(first[0][1]) if first else None
 
+    async def next_cron_tick_ms(self) -> int | None:
+        first = await self._r.zrange(self.keys.cron(), 0, 0, withscores=True)
+        return int(first[0][1]) if first else None
+
     async def wait_for_promoter_wake(self, timeout_s: float) -> bool:
         """Block until an earlier job is scheduled (True) or the timeout passes (False)."""
         return await self._r.blpop([self.keys.promoter_wake()], timeout_s) is not None

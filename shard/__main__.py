@@ -1,0 +1,77 @@
+"""``shardq-shard``: run one shard's loop next to its Redis."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+
+from shard import config
+from shard.client import ShardClient
+from shard.loop import LoopMetrics, LoopSettings, ShardLoop, default_instance_id
+from shard.models import ShardSettings
+from shard.ops_http import OpsServer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="shardq-shard", description=__doc__)
+    config.add(p, "--redis-url", "redis://127.0.0.1:6379/0", "this shard's Redis")
+    config.add(p, "--redis-password", "", "password for the shard's Redis")
+    config.add(p, "--shard-id", 0, "this shard's ID (metrics labels)", int)
+    config.add(p, "--key-prefix", "shardq", "prefix of every Redis key")
+    config.add(p, "--leader-ttl-ms", 5_000, "leader lease length", int)
+    config.add(p, "--reap-interval-ms", 1_000, "how often expired leases are reaped", int)
+    config.add(p, "--instance-id", default_instance_id(), "name of this loop in the lease")
+    config.add(p, "--metrics-port", 9091, "HTTP port for /metrics and /healthz (0: any)", int)
+    config.add(p, "--log-level", "INFO", "logging level")
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    url = config.redis_url_with_password(args.redis_url, args.redis_password)
+    redis = Redis.from_url(url, health_check_interval=10, socket_keepalive=True)
+    shard = ShardClient(redis, ShardSettings(key_prefix=args.key_prefix))
+    registry = CollectorRegistry()
+    loop = ShardLoop(
+        shard,
+        LoopSettings(
+            leader_ttl_ms=args.leader_ttl_ms,
+            reap_interval_ms=args.reap_interval_ms,
+            instance_id=args.instance_id,
+        ),
+        LoopMetrics(registry, str(args.shard_id)),
+    )
+    ops = OpsServer(
+        registry,
+        lambda: (
+            loop.role != "disconnected",
+            {"role": loop.role, "instance_id": args.instance_id, "shard_id": args.shard_id},
+        ),
+    )
+    port = await ops.start(args.metrics_port)
+    logging.getLogger("shardq.shard").info("ops endpoint on port %d", port)
+    running = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        running.add_signal_handler(sig, loop.stop)
+    try:
+        await loop.run()
+    finally:
+        await ops.stop()
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

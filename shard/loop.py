@@ -1,0 +1,218 @@
+"""The shard loop (``shardq-shard``): one active per shard, by a leader lease in its Redis.
+
+The leader promotes due jobs, fires recurring schedules and reaps expired leases. It sleeps
+exactly until the next due job or cron tick, and wakes at once when an earlier job is
+scheduled (``enqueue``/``fail`` push a token on ``promoter_wake``). A standby retries the
+lease every third of its TTL, so it takes over within ~1.3 TTL of the leader dying. Promotion
+is idempotent, so two leaders for a moment (a paused process whose lease ran out) do no harm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.exceptions import RedisError
+
+from shard import cron
+from shard.client import ShardClient
+from shard.errors import NotFound
+from shard.models import DueTick, NewJob
+
+log = logging.getLogger("shardq.shard")
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    #: Leader lease length, in ms; renewed every third of it (``SHARDQ_LEADER_TTL_MS``).
+    leader_ttl_ms: int = 5_000
+    #: How often expired leases are looked for, in ms.
+    reap_interval_ms: int = 1_000
+    #: Longest the promoter sleeps with nothing due, in ms (a safety net, not a poll).
+    max_idle_ms: int = 5_000
+    #: Pause after a Redis error before trying again, in ms.
+    retry_delay_ms: int = 500
+    instance_id: str = field(default_factory=default_instance_id)
+
+
+class LoopMetrics:
+    def __init__(self, registry: CollectorRegistry, shard_id: str) -> None:
+        labels = {"shard": shard_id}
+        self.leader = Gauge(
+            "shardq_shard_leader", "1 while this loop holds the leader lease", ["shard"],
+            registry=registry,
+        ).labels(**labels)  # fmt: skip
+        self.promoted = Counter(
+            "shardq_promoted_jobs", "Jobs moved from scheduled to ready", ["shard"],
+            registry=registry,
+        ).labels(**labels)  # fmt: skip
+        self.reaped = Counter(
+            "shardq_reaped_leases", "Expired leases taken back", ["shard", "to"],
+            registry=registry,
+        )  # fmt: skip
+        self.cron_fired = Counter(
+            "shardq_cron_fired", "Recurring schedule occurrences enqueued", ["shard"],
+            registry=registry,
+        ).labels(**labels)  # fmt: skip
+        self.shard_id = shard_id
+
+
+class LeadershipLost(Exception):
+    pass
+
+
+class ShardLoop:
+    """Runs until :meth:`stop`; ``role`` is ``leader``, ``standby`` or ``disconnected``."""
+
+    def __init__(
+        self, shard: ShardClient, settings: LoopSettings, metrics: LoopMetrics | None = None
+    ) -> None:
+        self.shard = shard
+        self.settings = settings
+        self.metrics = metrics or LoopMetrics(CollectorRegistry(), "0")
+        self.role = "standby"
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        s = self.settings
+        try:
+            while not self._stopping.is_set():
+                try:
+                    if await self.shard.acquire_leader(s.instance_id, s.leader_ttl_ms):
+                        await self._lead()
+                    else:
+                        self.role = "standby"
+                        await self._pause(s.leader_ttl_ms / 3000)
+                except RedisError as exc:
+                    self.role = "disconnected"
+                    log.warning("shard redis unavailable: %s", exc)
+                    await self._pause(s.retry_delay_ms / 1000)
+        finally:
+            self.metrics.leader.set(0)
+            with contextlib.suppress(RedisError):
+                await self.shard.release_leader(s.instance_id)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _lead(self) -> None:
+        self.role = "leader"
+        self.metrics.leader.set(1)
+        log.info("leader of shard %s as %s", self.metrics.shard_id, self.settings.instance_id)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._keep_lease())
+                group.create_task(self._promote_forever())
+                group.create_task(self._listen_for_wake())
+                group.create_task(self._reap_forever())
+        except* LeadershipLost:
+            log.warning("leader lease lost; standing by")
+        finally:
+            self.metrics.leader.set(0)
+            self.role = "standby"
+
+    async def _keep_lease(self) -> None:
+        s = self.settings
+        last_ok = asyncio.get_running_loop().time()
+        while not self._stopping.is_set():
+            await self._pause(s.leader_ttl_ms / 3000)
+            if self._stopping.is_set():
+                break
+            try:
+                if not await self.shard.acquire_leader(s.instance_id, s.leader_ttl_ms):
+                    raise LeadershipLost()
+                last_ok = asyncio.get_running_loop().time()
+            except RedisError as exc:
+                # Once the lease may have run out, another loop may lead: stop acting.
+                if asyncio.get_running_loop().time() - last_ok > s.leader_ttl_ms / 1000:
+                    raise LeadershipLost() from exc
+        raise LeadershipLost()  # stopping: unwind the other tasks
+
+    async def _listen_for_wake(self) -> None:
+        while True:
+            try:
+                if await self.shard.wait_for_promoter_wake(timeout_s=30):
+                    self._wake.set()
+            except RedisError:
+                await asyncio.sleep(self.settings.retry_delay_ms / 1000)
+
+    async def _promote_forever(self) -> None:
+        s = self.settings
+        while True:
+            self._wake.clear()
+            try:
+                promoted, next_due = await self.shard.promote()
+                self.metrics.promoted.inc(promoted)
+                next_tick = await self._fire_cron()
+            except RedisError as exc:
+                log.warning("promote failed: %s", exc)
+                await asyncio.sleep(s.retry_delay_ms / 1000)
+                continue
+            now = self.shard.clock.now_ms()
+            wake_at = min(t for t in (next_due, next_tick, now + s.max_idle_ms) if t is not None)
+            if wake_at > now:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), (wake_at - now) / 1000)
+
+    async def _fire_cron(self) -> int | None:
+        """Enqueue every due occurrence once; returns the next tick (unix ms) or None."""
+        while ticks := await self.shard.due_ticks():
+            for tick in ticks:
+                await self._fire(tick)
+        return await self.shard.next_cron_tick_ms()
+
+    async def _fire(self, tick: DueTick) -> None:
+        spec = await self.shard.get_schedule(tick.tenant, tick.schedule_id)
+        now = self.shard.clock.now_ms()
+        if spec is not None:
+            # Enqueue first, then advance: a crash in between re-enqueues under the same
+            # request_id, which dedupe turns into the same job. Missed ticks fire once.
+            await self.shard.enqueue(
+                [
+                    NewJob(
+                        tenant=tick.tenant,
+                        handler=spec.handler,
+                        payload=spec.payload,
+                        request_id=f"cron:{tick.schedule_id}:{tick.tick_ms}",
+                        priority=spec.priority,
+                        run_at_ms=min(tick.tick_ms, now),
+                        max_attempts=spec.max_attempts,
+                        timeout_ms=spec.timeout_ms,
+                    )
+                ]
+            )
+            self.metrics.cron_fired.inc()
+            nxt = cron.next_tick_ms(spec.cron, spec.time_zone, max(now, tick.tick_ms))
+            await self.shard.advance_schedule(tick, nxt)
+        else:
+            # Deleted between listing and reading: drop any stray cron entry.
+            with contextlib.suppress(NotFound):
+                await self.shard.delete_schedule(tick.tenant, tick.schedule_id)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            try:
+                to_ready, to_dead = await self.shard.reap()
+                if to_ready:
+                    self.metrics.reaped.labels(shard=self.metrics.shard_id, to="ready").inc(
+                        to_ready
+                    )
+                if to_dead:
+                    self.metrics.reaped.labels(shard=self.metrics.shard_id, to="dead").inc(to_dead)
+            except RedisError as exc:
+                log.warning("reap failed: %s", exc)
+            await asyncio.sleep(self.settings.reap_interval_ms / 1000)

@@ -1,0 +1,226 @@
+"""The shard loop: promotion on time without polling, leader lease and failover, cron ticks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from shard import FakeClock, NewJob, ScheduleSpec, ShardClient, ShardSettings, SystemClock
+from shard.loop import LoopSettings, ShardLoop
+from shard.redis_server import RedisProcess, free_port
+
+SETTINGS = ShardSettings(key_prefix="sq")
+
+
+def job(request_id: str, **kw: Any) -> NewJob:
+    return NewJob(tenant="acme", handler="h", payload=b"{}", request_id=request_id, **kw)
+
+
+@pytest.fixture
+async def running_loop(redis: Redis) -> AsyncIterator[ShardLoop]:
+    # A long idle cap: anything the loop does early must come from a wake-up, not a poll.
+    loop = ShardLoop(
+        ShardClient(redis, SETTINGS),
+        LoopSettings(leader_ttl_ms=1_000, reap_interval_ms=100, max_idle_ms=60_000),
+    )
+    task = asyncio.create_task(loop.run())
+    try:
+        yield loop
+    finally:
+        loop.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def wait_for_state(shard: ShardClient, job_id: str, state: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (await shard.get_job("acme", job_id)).state != state:
+        assert time.monotonic() < deadline, f"{job_id} never became {state}"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_delayed_job_is_promoted_after_its_time_and_not_before(
+    redis: Redis, running_loop: ShardLoop
+) -> None:
+    shard = ShardClient(redis, SETTINGS)
+    (res,) = await shard.enqueue([job("r1", delay_ms=300)])
+    run_at = (await shard.get_job("acme", res.job_id)).run_at_ms
+    await wait_for_state(shard, res.job_id, "ready", timeout_s=10)
+    assert SystemClock().now_ms() >= run_at
+    assert running_loop.role == "leader"
+
+
+async def test_an_earlier_job_wakes_a_loop_sleeping_until_a_later_one(
+    redis: Redis, running_loop: ShardLoop
+) -> None:
+    shard = ShardClient(redis, SETTINGS)
+    await shard.enqueue([job("far", delay_ms=600_000)])
+    await asyncio.sleep(0.2)  # the loop is now asleep until the far job (or the 60 s cap)
+    (near,) = await shard.enqueue([job("near", delay_ms=100)])
+    # Without the wake-up the loop would sleep for 60 s; the bound is generous for a busy CI.
+    await wait_for_state(shard, near.job_id, "ready", timeout_s=10)
+
+
+async def test_expired_leases_are_reaped_by_the_loop(redis: Redis, running_loop: ShardLoop) -> None:
+    shard = ShardClient(redis, SETTINGS)
+    (res,) = await shard.enqueue([job("r1")])
+    (claimed,) = await shard.claim("w1", 1, lease_ms=50)
+    await wait_for_state(shard, claimed.job_id, "ready", timeout_s=10)
+    assert (await shard.get_job("acme", res.job_id)).last_error == "lease expired"
+
+
+async def test_a_stopped_leader_releases_its_lease(redis: Redis) -> None:
+    loop = ShardLoop(ShardClient(redis, SETTINGS), LoopSettings(leader_ttl_ms=60_000))
+    task = asyncio.create_task(loop.run())
+    while loop.role != "leader":  # noqa: ASYNC110 - role is plain state, polled briefly
+        await asyncio.sleep(0.01)
+    loop.stop()
+    await asyncio.wait_for(task, 10)
+    assert await redis.exists("sq:leader") == 0
+
+
+# --- recurring schedules, driven by a fake clock -------------------------------------------
+
+MINUTE = 60_000
+T0 = 1_700_000_040_000  # 2023-11-14 22:14:00 UTC, on a minute boundary
+
+
+async def test_each_cron_tick_fires_once_even_with_two_loops(redis: Redis) -> None:
+    clock = FakeClock(T0 - 1)
+    a, b = ShardClient(redis, SETTINGS, clock), ShardClient(redis, SETTINGS, clock)
+    await a.upsert_schedule("acme", ScheduleSpec("every-min", "* * * * *", "h", b"{}"))
+    loops = [ShardLoop(c, LoopSettings()) for c in (a, b)]
+    for _minute in range(3):
+        clock.advance(MINUTE)
+        await asyncio.gather(*(lp._fire_cron() for lp in loops))
+        await asyncio.gather(*(lp._fire_cron() for lp in loops))
+    counts = await a.counts("acme")
+    assert counts.submitted == 3
+    ids = await redis.keys("sq:dedupe:acme:cron:every-min:*")
+    assert sorted(k.decode().rsplit(":", 1)[1] for k in ids) == [
+        str(T0 + MINUTE * m) for m in range(3)
+    ]
+
+
+async def test_ticks_missed_while_no_loop_ran_fire_once_late(redis: Redis) -> None:
+    clock = FakeClock(T0 - 1)
+    shard = ShardClient(redis, SETTINGS, clock)
+    await shard.upsert_schedule("acme", ScheduleSpec("m", "* * * * *", "h", b"{}"))
+    clock.advance(10 * MINUTE + 5_000)  # ten ticks pass with no loop running
+    next_tick = await ShardLoop(shard, LoopSettings())._fire_cron()
+    assert (await shard.counts("acme")).submitted == 1
+    assert next_tick == T0 + 11 * MINUTE
+
+
+async def test_a_deleted_schedule_stops_firing(redis: Redis) -> None:
+    clock = FakeClock(T0 - 1)
+    shard = ShardClient(redis, SETTINGS, clock)
+    await shard.upsert_schedule("acme", ScheduleSpec("m", "* * * * *", "h", b"{}"))
+    await shard.delete_schedule("acme", "m")
+    clock.advance(5 * MINUTE)
+    assert await ShardLoop(shard, LoopSettings())._fire_cron() is None
+    assert (await shard.counts("acme")).submitted == 0
+
+
+# --- two shard loop processes: one leader, failover on SIGKILL -----------------------------
+
+
+def start_loop_process(redis_url: str, name: str) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "SHARDQ_REDIS_URL": redis_url,
+        "SHARDQ_KEY_PREFIX": "sq",
+        "SHARDQ_LEADER_TTL_MS": "1000",
+        "SHARDQ_INSTANCE_ID": name,
+        "SHARDQ_METRICS_PORT": str(port),
+        "SHARDQ_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "shard"], env=env)
+    return proc, port
+
+
+def health(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+            body: dict[str, Any] = json.loads(r.read())
+            return body
+    except OSError:
+        return None
+
+
+def promoted_total(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("shardq_promoted_jobs_total"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.fixture
+def two_loops(redis_proc: RedisProcess) -> Iterator[dict[str, tuple[subprocess.Popen[bytes], int]]]:
+    procs = {n: start_loop_process(redis_proc.url, n) for n in ("alpha", "beta")}
+    try:
+        yield procs
+    finally:
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(10)
+
+
+def wait_roles(
+    procs: dict[str, tuple[subprocess.Popen[bytes], int]], timeout_s: float
+) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        roles = {
+            n: (h or {}).get("role", "down")
+            for n, (p, port) in procs.items()
+            for h in [health(port) if p.poll() is None else None]
+        }
+        if list(roles.values()).count("leader") == 1 and "down" not in {
+            r for n, r in roles.items() if procs[n][0].poll() is None
+        }:
+            return roles
+        assert time.monotonic() < deadline, f"no single leader: {roles}"
+        time.sleep(0.05)
+
+
+async def test_only_the_leader_promotes_and_a_standby_takes_over_after_sigkill(
+    redis: Redis, two_loops: dict[str, tuple[subprocess.Popen[bytes], int]]
+) -> None:
+    roles = wait_roles(two_loops, timeout_s=15)
+    leader = next(n for n, r in roles.items() if r == "leader")
+    standby = next(n for n in roles if n != leader)
+    shard = ShardClient(redis, SETTINGS)
+    await shard.enqueue([job(f"r{i}", delay_ms=50) for i in range(20)])
+    deadline = time.monotonic() + 10
+    while (await shard.counts("acme")).ready < 20:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    assert promoted_total(two_loops[leader][1]) == 20
+    assert promoted_total(two_loops[standby][1]) == 0
+
+    two_loops[leader][0].kill()
+    two_loops[leader][0].wait(5)
+    killed_at = time.monotonic()
+    while (health(two_loops[standby][1]) or {}).get("role") != "leader":
+        assert time.monotonic() - killed_at < 3.0, "standby did not take over within 3 s"
+        await asyncio.sleep(0.02)
+    await shard.enqueue([job("after", delay_ms=50)])
+    deadline = time.monotonic() + 10
+    while (await shard.counts("acme")).ready < 21:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    assert promoted_total(two_loops[standby][1]) == 1
