@@ -1,0 +1,155 @@
+"""promote.lua: seed scheduled jobs, promote, assert the whole resulting keyspace and the reply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from shard import FakeClock, NewJob, ShardClient
+from shard.client import digest
+from tests.support.state import dump
+
+NOW = 1_700_000_000_000
+P = b"{}"
+DIGEST = digest("h", P)
+
+
+def job(jid: str, tenant: str = "acme", **kw: Any) -> NewJob:
+    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
+
+
+def job_hash(jid: str, state: str, tenant: str = "acme", **over: str) -> dict[str, str]:
+    h = {
+        "t": tenant, "r": f"r{jid}", "h": "h", "p": "{}", "pr": "0", "s": state,
+        "ra": str(NOW), "ca": str(NOW), "at": "0", "ma": "5", "to": "300000", "f": "0",
+    }  # fmt: skip
+    h.update(over)
+    return h
+
+
+def dedupe(*jids: str, tenant: str = "acme") -> dict[str, str]:
+    return {f"sq:dedupe:{tenant}:r{j}": f"{j} {DIGEST}" for j in jids}
+
+
+async def seed(shard: ShardClient, redis: Redis, *jobs: NewJob) -> None:
+    """Enqueue, then drop the wake-up tokens so the assertions show only what promote wrote."""
+    await shard.enqueue(list(jobs))
+    await redis.delete("sq:promoter_wake", "sq:wake")
+
+
+async def test_promote_on_an_empty_shard_takes_nothing_and_writes_nothing(
+    shard: ShardClient, redis: Redis
+) -> None:
+    assert await shard.promote() == (0, None)
+    assert await dump(redis) == {}
+
+
+async def test_a_due_job_moves_to_ready_and_the_next_due_time_is_returned(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await seed(shard, redis, job("J1", delay_ms=1_000), job("J2", delay_ms=5_000, priority=3))
+    clock.advance(1_000)
+    assert await shard.promote() == (1, NOW + 5_000)
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("J1", "ready", ra=str(NOW + 1_000)),
+        "sq:job:J2": job_hash("J2", "scheduled", ra=str(NOW + 5_000), pr="3"),
+        "sq:ready:acme:0": ["J1"],
+        "sq:ring:0": ["acme"],
+        "sq:scheduled": [("J2", NOW + 5_000)],
+        "sq:tscheduled:acme": [("J2", NOW + 5_000)],
+        "sq:counts:acme": {"scheduled": "1", "ready": "1", "submitted": "2"},
+        "sq:tenants": {"acme"},
+        "sq:wake": ["1"],
+        **dedupe("J1", "J2"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("elapsed_ms", "promoted"),
+    [(0, False), (999, False), (1_000, True), (60_000, True)],
+    ids=["at-submit", "one-ms-early", "exactly-due", "long-overdue"],
+)
+async def test_a_job_is_promoted_exactly_when_its_run_at_is_reached(
+    shard: ShardClient, redis: Redis, clock: FakeClock, elapsed_ms: int, promoted: bool
+) -> None:
+    await seed(shard, redis, job("J1", delay_ms=1_000))
+    before = await dump(redis)
+    clock.advance(elapsed_ms)
+    if not promoted:
+        assert await shard.promote() == (0, NOW + 1_000)
+        assert await dump(redis) == before
+        return
+    assert await shard.promote() == (1, None)
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("J1", "ready", ra=str(NOW + 1_000)),
+        "sq:ready:acme:0": ["J1"],
+        "sq:ring:0": ["acme"],
+        "sq:counts:acme": {"scheduled": "0", "ready": "1", "submitted": "1"},
+        "sq:tenants": {"acme"},
+        "sq:wake": ["1"],
+        **dedupe("J1"),
+    }
+
+
+async def test_promoted_jobs_join_their_tenant_and_priority_lists_and_rings_once(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await seed(
+        shard,
+        redis,
+        job("A1", delay_ms=10, priority=2),
+        job("A2", delay_ms=20, priority=2),
+        job("A3", delay_ms=30, priority=7),
+        job("B1", tenant="bravo", delay_ms=40, priority=2),
+    )
+    clock.advance(40)
+    assert await shard.promote() == (4, None)
+    state = await dump(redis)
+    assert {k: v for k, v in state.items() if k.startswith(("sq:ready", "sq:ring"))} == {
+        "sq:ready:acme:2": ["A1", "A2"],
+        "sq:ready:acme:7": ["A3"],
+        "sq:ready:bravo:2": ["B1"],
+        "sq:ring:2": ["acme", "bravo"],
+        "sq:ring:7": ["acme"],
+    }
+    assert state["sq:counts:acme"] == {"scheduled": "0", "ready": "3", "submitted": "3"}
+    assert state["sq:counts:bravo"] == {"scheduled": "0", "ready": "1", "submitted": "1"}
+    assert "sq:scheduled" not in state
+    assert "sq:tscheduled:acme" not in state
+    assert "sq:tscheduled:bravo" not in state
+    assert state["sq:wake"] == ["1"]
+
+
+async def test_a_promoted_job_joins_the_end_of_a_list_that_already_has_ready_jobs(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await seed(shard, redis, job("J1"), job("J2", delay_ms=5))
+    clock.advance(5)
+    assert await shard.promote() == (1, None)
+    assert await redis.lrange("sq:ready:acme:0", 0, -1) == [b"J1", b"J2"]
+    assert await redis.lrange("sq:ring:0", 0, -1) == [b"acme"]
+
+
+async def test_an_id_whose_job_is_not_scheduled_is_taken_off_without_promoting(
+    shard: ShardClient, redis: Redis
+) -> None:
+    # Not reachable through the API (cancel removes the ID); promote must still drain it.
+    await redis.zadd("sq:scheduled", {"GONE": NOW - 1})
+    assert await shard.promote() == (1, None)
+    assert await dump(redis) == {}
+
+
+async def test_promote_works_in_capped_batches_until_nothing_is_due(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await seed(shard, redis, *(job(f"J{i}", delay_ms=1 + i) for i in range(5)))
+    await shard.promote()  # loads the script, so NOSCRIPT retries do not count below
+    clock.advance(100)
+    await redis.config_resetstat()
+    assert await shard.promote(limit=2) == (5, None)
+    stats = await redis.info("commandstats")
+    # 2 + 2 + 1: the third call took fewer than the limit, so the loop stopped.
+    assert stats["cmdstat_evalsha"]["calls"] == 3
+    assert await redis.lrange("sq:ready:acme:0", 0, -1) == [f"J{i}".encode() for i in range(5)]
