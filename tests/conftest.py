@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from shard import FakeClock, ShardClient, ShardSettings
 from shard.redis_server import RedisProcess
+from tests.support.postgres import sqlalchemy_url, throwaway_database
 
 
 @pytest.fixture
@@ -46,3 +47,10 @@ def settings() -> ShardSettings:
 @pytest.fixture
 def shard(redis: Redis, settings: ShardSettings, clock: FakeClock) -> ShardClient:
     return ShardClient(redis, settings, clock)
+
+
+@pytest.fixture
+def database_url() -> Iterator[str]:
+    """A SQLAlchemy URL (postgresql+psycopg) of a database made for this test alone."""
+    with throwaway_database() as url:
+        yield sqlalchemy_url(url)
