@@ -1,0 +1,234 @@
+"""fail.lua: seed leases, record failures, assert the whole resulting keyspace and every code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
+from shard.client import digest
+from shard.models import FailResult
+from tests.support.state import dump, ttls
+
+NOW = 1_700_000_000_000
+LEASE = 30_000
+FAILED = NOW + 700
+RETRY = NOW + 10_000
+P = b"{}"
+DIGEST = digest("h", P)
+
+
+def job(jid: str, tenant: str = "acme", **kw: Any) -> NewJob:
+    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
+
+
+def job_hash(jid: str, state: str, fence: int, **over: str) -> dict[str, str]:
+    h = {
+        "t": "acme", "r": f"r{jid}", "h": "h", "p": "{}", "pr": "0", "s": state,
+        "ra": str(NOW), "ca": str(NOW), "at": "1", "ma": "5", "to": "300000",
+        "f": str(fence), "w": "w1", "sa": str(NOW),
+    }  # fmt: skip
+    h.update(over)
+    return h
+
+
+def dedupe(*jids: str) -> dict[str, str]:
+    return {f"sq:dedupe:acme:r{j}": f"{j} {DIGEST}" for j in jids}
+
+
+async def claimed(shard: ShardClient, redis: Redis, *jobs: NewJob) -> list[ClaimedJob]:
+    """Enqueue and claim the jobs, then drop the wake-up tokens."""
+    await shard.enqueue(list(jobs))
+    out = await shard.claim("w1", len(jobs), LEASE)
+    await redis.delete("sq:wake", "sq:promoter_wake")
+    return out
+
+
+def failure(c: ClaimedJob, **kw: Any) -> Failure:
+    return Failure(c.job_id, c.fence, c.attempt, kw.pop("error", "boom"), **kw)
+
+
+async def test_a_failure_with_attempts_left_schedules_a_retry_at_retry_at(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"))
+    clock.set(FAILED)
+    assert await shard.fail([failure(c, retry_at_ms=RETRY)]) == [
+        FailResult(ItemCode.OK, "scheduled")
+    ]
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("J1", "scheduled", 1, ra=str(RETRY), e="boom"),
+        "sq:fence": "1",
+        "sq:scheduled": [("J1", RETRY)],
+        "sq:tscheduled:acme": [("J1", RETRY)],
+        "sq:promoter_wake": ["1"],
+        "sq:counts:acme": {
+            "ready": "0", "active": "0", "scheduled": "1", "submitted": "1", "failed": "1",
+        },
+        "sq:tenants": {"acme"},
+        **dedupe("J1"),
+    }  # fmt: skip
+    assert set(await ttls(redis)) == {"sq:dedupe:acme:rJ1"}
+
+
+async def test_a_retry_later_than_the_next_due_job_does_not_wake_the_promoter(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"), job("J2", delay_ms=5_000))
+    clock.set(FAILED)
+    await shard.fail([failure(c, retry_at_ms=RETRY)])
+    assert await redis.exists("sq:promoter_wake") == 0
+    assert await redis.zrange("sq:scheduled", 0, -1) == [b"J2", b"J1"]
+
+
+@pytest.mark.parametrize("attempt", [1, 3, 20])
+async def test_without_retry_at_the_retry_is_backed_off_within_the_ceiling(
+    shard: ShardClient, redis: Redis, clock: FakeClock, attempt: int
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"))
+    clock.set(FAILED)
+    await shard.fail([Failure("J1", c.fence, attempt, "boom")])
+    run_at = int(await redis.zscore("sq:scheduled", "J1"))
+    assert FAILED <= run_at <= FAILED + shard.settings.backoff.ceiling_ms(attempt)
+
+
+async def test_a_failure_on_the_last_attempt_sends_the_job_to_the_dead_set(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1", max_attempts=1))
+    clock.set(FAILED)
+    assert await shard.fail([failure(c, retry_at_ms=RETRY)]) == [FailResult(ItemCode.OK, "dead")]
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("J1", "dead", 1, ma="1", fa=str(FAILED), e="boom"),
+        "sq:fence": "1",
+        "sq:dead:acme": [("J1", FAILED)],
+        "sq:counts:acme": {
+            "ready": "0", "active": "0", "dead": "1", "submitted": "1", "failed": "1",
+        },
+        "sq:tenants": {"acme"},
+        **dedupe("J1"),
+    }  # fmt: skip
+    assert set(await ttls(redis)) == {"sq:dedupe:acme:rJ1"}
+
+
+async def test_a_job_goes_dead_after_exactly_max_attempts(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await shard.enqueue([job("J1", max_attempts=3)])
+    states = []
+    for _ in range(3):
+        (c,) = await shard.claim("w1", 1, LEASE)
+        (res,) = await shard.fail([failure(c, retry_at_ms=clock.now_ms() + 10)])
+        states.append((c.attempt, res.state))
+        clock.advance(10)
+        await shard.promote()
+    assert states == [(1, "scheduled"), (2, "scheduled"), (3, "dead")]
+    assert await shard.claim("w1", 1, LEASE) == []
+
+
+async def test_a_permanent_failure_is_dead_at_once_whatever_attempts_remain(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1", max_attempts=10))
+    clock.set(FAILED)
+    assert await shard.fail([failure(c, retry_at_ms=RETRY, permanent=True)]) == [
+        FailResult(ItemCode.OK, "dead")
+    ]
+    state = await dump(redis)
+    assert state["sq:job:J1"] == job_hash("J1", "dead", 1, ma="10", fa=str(FAILED), e="boom")
+    assert state["sq:dead:acme"] == [("J1", FAILED)]
+    assert "sq:scheduled" not in state
+
+
+async def test_a_failure_of_a_job_cancelled_while_active_ends_it_as_cancelled(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"))
+    await shard.cancel("acme", "J1")
+    clock.set(FAILED)
+    assert await shard.fail([failure(c, retry_at_ms=RETRY)]) == [
+        FailResult(ItemCode.CANCELLED, "cancelled")
+    ]
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("J1", "cancelled", 1, cx="1", fa=str(FAILED), e="boom"),
+        "sq:fence": "1",
+        "sq:counts:acme": {"ready": "0", "active": "0", "submitted": "1", "failed": "1"},
+        "sq:tenants": {"acme"},
+        **dedupe("J1"),
+    }
+    assert set(await ttls(redis)) == {"sq:job:J1", "sq:dedupe:acme:rJ1"}
+
+
+@pytest.mark.parametrize(
+    ("stale", "state"),
+    [("wrong-fence", "active"), ("acked", "succeeded"), ("failed", "scheduled"),
+     ("reaped", "ready"), ("missing-job", "")],
+)  # fmt: skip
+async def test_a_failure_with_a_stale_fence_is_refused_and_changes_nothing(
+    shard: ShardClient, redis: Redis, clock: FakeClock, stale: str, state: str
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"))
+    f = failure(c, retry_at_ms=RETRY)
+    if stale == "wrong-fence":
+        f = Failure("J1", c.fence + 1, 1, "boom", retry_at_ms=RETRY)
+    elif stale == "acked":
+        await shard.ack([Lease("J1", c.fence)])
+    elif stale == "failed":
+        await shard.fail([f])
+    elif stale == "reaped":
+        clock.advance(LEASE)
+        await shard.reap()
+    else:
+        f = Failure("NOSUCHJOB", 1, 1, "boom", retry_at_ms=RETRY)
+    before = await dump(redis)
+    clock.advance(1)
+    assert await shard.fail([f]) == [FailResult(ItemCode.STALE_LEASE, state)]
+    assert await dump(redis) == before
+
+
+async def test_one_fail_call_answers_every_job_in_order(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    c1, c2, c3 = await claimed(shard, redis, job("J1"), job("J2", max_attempts=1), job("J3"))
+    await shard.cancel("acme", "J3")
+    results = await shard.fail(
+        [
+            failure(c1, retry_at_ms=RETRY),
+            failure(c2, retry_at_ms=RETRY),
+            failure(c3, retry_at_ms=RETRY),
+            Failure("J1", c1.fence, 1, "again", retry_at_ms=RETRY),
+        ]
+    )
+    assert results == [
+        FailResult(ItemCode.OK, "scheduled"),
+        FailResult(ItemCode.OK, "dead"),
+        FailResult(ItemCode.CANCELLED, "cancelled"),
+        FailResult(ItemCode.STALE_LEASE, "scheduled"),
+    ]
+
+
+async def test_a_long_error_is_cut_to_4096_characters(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"))
+    await shard.fail([failure(c, error="x" * 10_000, retry_at_ms=RETRY)])
+    assert await redis.hget("sq:job:J1", "e") == b"x" * 4096
+
+
+async def test_a_retried_job_is_claimed_again_with_the_next_attempt_and_a_new_fence(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"))
+    await shard.fail([failure(c, retry_at_ms=RETRY)])
+    clock.set(RETRY)
+    assert await shard.promote() == (1, None)
+    (again,) = await shard.claim("w2", 1, LEASE)
+    assert (again.job_id, again.attempt, again.fence, again.run_at_ms) == ("J1", 2, 2, RETRY)
+
+
+async def test_a_failure_of_no_jobs_sends_nothing(shard: ShardClient, redis: Redis) -> None:
+    await redis.config_resetstat()
+    assert await shard.fail([]) == []
+    assert "cmdstat_evalsha" not in await redis.info("commandstats")
