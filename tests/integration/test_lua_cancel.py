@@ -1,0 +1,149 @@
+"""cancel.lua: seed a job in each state, cancel, assert the whole resulting keyspace and codes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from shard import Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
+from shard.client import digest
+from shard.errors import FailedPrecondition, NotFound
+from tests.support.state import dump, ttls
+
+NOW = 1_700_000_000_000
+LEASE = 30_000
+LATER = NOW + 500
+P = b"{}"
+DIGEST = digest("h", P)
+
+
+def job(jid: str = "J1", tenant: str = "acme", **kw: Any) -> NewJob:
+    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
+
+
+def job_hash(state: str, **over: str) -> dict[str, str]:
+    h = {
+        "t": "acme", "r": "rJ1", "h": "h", "p": "{}", "pr": "0", "s": state,
+        "ra": str(NOW), "ca": str(NOW), "at": "0", "ma": "5", "to": "300000", "f": "0",
+    }  # fmt: skip
+    h.update(over)
+    return h
+
+
+COMMON = {"sq:tenants": {"acme"}, "sq:dedupe:acme:rJ1": f"J1 {DIGEST}"}
+
+
+async def seed(shard: ShardClient, redis: Redis, *jobs: NewJob) -> None:
+    await shard.enqueue(list(jobs))
+    await redis.delete("sq:wake", "sq:promoter_wake")
+
+
+async def test_cancelling_a_scheduled_job_ends_it_and_takes_it_off_the_delayed_sets(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await seed(shard, redis, job(delay_ms=5_000))
+    clock.set(LATER)
+    assert await shard.cancel("acme", "J1") == (ItemCode.OK, "cancelled")
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("cancelled", ra=str(NOW + 5_000), fa=str(LATER)),
+        "sq:counts:acme": {"scheduled": "0", "submitted": "1"},
+        **COMMON,
+    }
+    assert set(await ttls(redis)) == {"sq:job:J1", "sq:dedupe:acme:rJ1"}
+    assert 0 < await redis.pttl("sq:job:J1") <= shard.settings.retention_ms
+    clock.advance(10_000)
+    assert await shard.promote() == (0, None)
+
+
+async def test_cancelling_a_ready_job_ends_it_and_leaves_its_id_for_claim_to_skip(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await seed(shard, redis, job())
+    clock.set(LATER)
+    assert await shard.cancel("acme", "J1") == (ItemCode.OK, "cancelled")
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("cancelled", fa=str(LATER)),
+        "sq:ready:acme:0": ["J1"],
+        "sq:ring:0": ["acme"],
+        "sq:counts:acme": {"ready": "0", "submitted": "1"},
+        **COMMON,
+    }
+    assert set(await ttls(redis)) == {"sq:job:J1", "sq:dedupe:acme:rJ1"}
+    assert await shard.claim("w1", 1, LEASE) == []
+
+
+async def test_cancelling_an_active_job_only_marks_it_for_its_worker(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await seed(shard, redis, job())
+    (c,) = await shard.claim("w1", 1, LEASE)
+    before = await dump(redis)
+    clock.set(LATER)
+    assert await shard.cancel("acme", "J1") == (ItemCode.CANCEL_REQUESTED, "active")
+    before["sq:job:J1"]["cx"] = "1"
+    assert await dump(redis) == before
+    assert await shard.ack([Lease("J1", c.fence)]) == [ItemCode.CANCELLED]
+
+
+async def test_cancelling_an_active_job_twice_asks_twice_and_changes_nothing_more(
+    shard: ShardClient, redis: Redis
+) -> None:
+    await seed(shard, redis, job())
+    await shard.claim("w1", 1, LEASE)
+    await shard.cancel("acme", "J1")
+    before = await dump(redis)
+    assert await shard.cancel("acme", "J1") == (ItemCode.CANCEL_REQUESTED, "active")
+    assert await dump(redis) == before
+
+
+async def _succeeded(shard: ShardClient) -> None:
+    (c,) = await shard.claim("w1", 1, LEASE)
+    await shard.ack([Lease(c.job_id, c.fence)])
+
+
+async def _cancelled(shard: ShardClient) -> None:
+    await shard.cancel("acme", "J1")
+
+
+async def _dead(shard: ShardClient) -> None:
+    (c,) = await shard.claim("w1", 1, LEASE)
+    await shard.fail([Failure(c.job_id, c.fence, 1, "boom", permanent=True)])
+
+
+@pytest.mark.parametrize(
+    ("finish", "state"),
+    [(_succeeded, "succeeded"), (_cancelled, "cancelled"), (_dead, "dead")],
+    ids=["succeeded", "cancelled", "dead"],
+)
+async def test_cancelling_a_finished_job_is_refused_and_changes_nothing(
+    shard: ShardClient, redis: Redis, finish: Any, state: str
+) -> None:
+    await seed(shard, redis, job())
+    await finish(shard)
+    before = await dump(redis)
+    with pytest.raises(FailedPrecondition, match=f"already {state}") as err:
+        await shard.cancel("acme", "J1")
+    assert err.value.field == "job_id"
+    assert await dump(redis) == before
+
+
+@pytest.mark.parametrize("delay_ms", [None, 5_000], ids=["ready", "scheduled"])
+async def test_cancelling_another_tenants_job_is_not_found_and_changes_nothing(
+    shard: ShardClient, redis: Redis, delay_ms: int | None
+) -> None:
+    await seed(shard, redis, job(delay_ms=delay_ms))
+    before = await dump(redis)
+    with pytest.raises(NotFound) as err:
+        await shard.cancel("bravo", "J1")
+    assert err.value.field == "job_id"
+    assert await dump(redis) == before
+
+
+async def test_cancelling_a_missing_job_is_not_found_and_writes_nothing(
+    shard: ShardClient, redis: Redis
+) -> None:
+    with pytest.raises(NotFound):
+        await shard.cancel("acme", "NOSUCHJOB")
+    assert await dump(redis) == {}
