@@ -1,0 +1,129 @@
+"""The key layout: one prefix for every key, and Lua's key builders spelled like ``Keys``."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from importlib import resources
+
+import pytest
+
+from shard.keys import JOB_FIELDS, STATES, TERMINAL_STATES, Keys
+from shard.scripts import SCRIPT_NAMES
+
+#: Lua builder name (``k_<name>`` in _lib.lua) -> the Keys method that spells the same key.
+LUA_TO_PYTHON = {
+    "job": "job",
+    "scheduled": "scheduled",
+    "tscheduled": "scheduled_by_tenant",
+    "tactive": "active_by_tenant",
+    "ready": "ready",
+    "ring": "ring",
+    "credit": "credit",
+    "weights": "weights",
+    "leases": "leases",
+    "fence": "fence",
+    "dead": "dead",
+    "dedupe": "dedupe",
+    "counts": "counts",
+    "tenants": "tenants",
+    "bucket": "bucket",
+    "wake": "wake",
+    "promoter_wake": "promoter_wake",
+    "schedules": "schedules",
+    "cron": "cron",
+}
+#: Keys methods with no Lua builder: passed in KEYS by their only scripts.
+PYTHON_ONLY = {"base", "leader"}
+
+#: One sample value per parameter name; distinct so a swapped argument shows in the key.
+SAMPLES: dict[str, object] = {
+    "job_id": "JOBID",
+    "tenant": "TENANT",
+    "priority": 7,
+    "request_id": "REQ",
+}
+
+LIB = (resources.files("shard") / "lua" / "_lib.lua").read_text()
+BUILDER_RE = re.compile(
+    r"^local function k_(\w+)\(([^)]*)\) return base \.\. (.+?) end$", re.MULTILINE
+)
+
+
+def key_methods() -> list[str]:
+    return sorted(
+        name
+        for name, member in inspect.getmembers(Keys, inspect.isfunction)
+        if not name.startswith("_")
+    )
+
+
+def call(keys: Keys, name: str) -> str:
+    method = getattr(keys, name)
+    params = inspect.signature(method).parameters
+    return str(method(*(SAMPLES[p] for p in params)))
+
+
+def lua_builders() -> dict[str, tuple[list[str], str]]:
+    """``k_`` name -> (parameter names, the concatenation after ``base ..``) from _lib.lua."""
+    out = {}
+    for name, params, expr in BUILDER_RE.findall(LIB):
+        out[name] = ([p.strip() for p in params.split(",") if p.strip()], expr)
+    return out
+
+
+def eval_concat(expr: str, env: dict[str, str]) -> str:
+    """Evaluate a Lua concatenation of single-quoted literals and parameter names."""
+    parts = []
+    for term in (t.strip() for t in expr.split("..")):
+        if term.startswith("'") and term.endswith("'"):
+            parts.append(term[1:-1])
+        else:
+            parts.append(env[term])
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("name", key_methods())
+def test_every_key_starts_with_the_configured_prefix(name: str) -> None:
+    assert call(Keys("pfx"), name).startswith("pfx:")
+    assert call(Keys(), name).startswith("shardq:")
+
+
+def test_the_default_prefix_is_shardq() -> None:
+    assert Keys().base() == "shardq:"
+
+
+def test_no_two_key_methods_spell_the_same_key() -> None:
+    keys = [call(Keys("p"), name) for name in key_methods()]
+    assert len(set(keys)) == len(keys)
+
+
+def test_every_lua_builder_is_mapped_and_every_key_method_has_a_builder_or_is_passed_in() -> None:
+    assert set(lua_builders()) == set(LUA_TO_PYTHON)
+    assert set(LUA_TO_PYTHON.values()) | PYTHON_ONLY == set(key_methods())
+
+
+@pytest.mark.parametrize(("lua_name", "py_name"), sorted(LUA_TO_PYTHON.items()))
+def test_the_lua_key_builder_spells_the_same_key_as_keys(lua_name: str, py_name: str) -> None:
+    params, expr = lua_builders()[lua_name]
+    method = getattr(Keys("sq"), py_name)
+    py_params = list(inspect.signature(method).parameters)
+    assert len(params) == len(py_params), "same arguments in the same order"
+    samples = [SAMPLES[p] for p in py_params]
+    env = {lua: str(value) for lua, value in zip(params, samples, strict=True)}
+    lua_key = Keys("sq").base() + eval_concat(expr, env)
+    assert lua_key == method(*samples)
+
+
+def test_lua_scripts_derive_keys_only_through_the_lib_builders() -> None:
+    folder = resources.files("shard") / "lua"
+    for name in SCRIPT_NAMES:
+        text = (folder / f"{name}.lua").read_text()
+        assert "base .." not in text, f"{name}.lua builds a key itself"
+        assert "KEYS[1] .." not in text, f"{name}.lua builds a key itself"
+
+
+def test_the_job_state_field_documents_every_state() -> None:
+    assert TERMINAL_STATES.issubset(STATES)
+    for state in STATES:
+        assert state in JOB_FIELDS["s"]
