@@ -1,0 +1,54 @@
+"""Job IDs: 26 Crockford base32 characters, sortable by creation time, unique."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from shard import validation
+from shard.ids import new_job_id
+
+CROCKFORD_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+
+
+def test_a_job_id_is_26_crockford_base32_characters_and_a_valid_job_id() -> None:
+    jid = new_job_id()
+    assert CROCKFORD_RE.fullmatch(jid)
+    assert validation.job_id(jid) == jid
+
+
+@pytest.mark.parametrize("now_ms", [0, 1, 1_700_000_000_000, 2**48 - 1])
+def test_the_first_ten_characters_encode_the_timestamp(now_ms: int) -> None:
+    jid = new_job_id(now_ms)
+    assert len(jid) == 26
+    alphabet = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    value = 0
+    for ch in jid:
+        value = value * 32 + alphabet.index(ch)
+    assert value >> 80 == now_ms
+
+
+def test_ids_sort_by_creation_time() -> None:
+    times = [0, 1, 999, 1_000, 1_700_000_000_000, 1_700_000_000_001, 2**47, 2**48 - 1]
+    ids = [new_job_id(t) for t in times]
+    assert sorted(ids) == ids
+
+
+def test_ids_made_later_sort_after_ids_made_earlier_whatever_their_random_part() -> None:
+    earlier = [new_job_id(1_700_000_000_000) for _ in range(1_000)]
+    later = [new_job_id(1_700_000_000_001) for _ in range(1_000)]
+    assert max(earlier) < min(later)
+
+
+def test_100k_ids_made_in_the_same_millisecond_are_unique() -> None:
+    ids = {new_job_id(1_700_000_000_000) for _ in range(100_000)}
+    assert len(ids) == 100_000
+
+
+def test_without_a_time_the_wall_clock_is_used() -> None:
+    before = time.time_ns() // 1_000_000
+    jid = new_job_id()
+    after = time.time_ns() // 1_000_000
+    assert new_job_id(before)[:10] <= jid[:10] <= new_job_id(after)[:10]
