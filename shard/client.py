@@ -396,10 +396,14 @@ class ShardClient:
         jobs: list[JobRecord] = []
         while prio >= 0 and len(jobs) < size:
             ids = await self._r.lrange(self.keys.ready(tenant, prio), offset, offset + size - 1)
-            for n, rec in enumerate(await self._records([i.decode() for i in ids])):
+            # _records drops IDs whose hash expired (cancelled while ready, past retention),
+            # so positions in the list are counted over ids, not over the records found.
+            found = {r.job_id: r for r in await self._records([i.decode() for i in ids])}
+            for n, jid in enumerate(ids):
                 if len(jobs) == size:
                     return JobPage(jobs, f"{prio}.{offset + n}")
-                if rec.state == "ready":
+                rec = found.get(jid.decode())
+                if rec is not None and rec.state == "ready":
                     jobs.append(rec)
             if len(ids) == size:
                 offset += size
