@@ -390,7 +390,8 @@ class ShardClient:
         if page_token:
             try:
                 p, o = page_token.split(".")
-                prio, offset = validation.priority(int(p)), int(o)
+                prio = validation.priority(int(p))
+                offset = validation.int_in_range(int(o), 0, 2**31, "page_token")
             except (ValueError, InvalidArgument) as exc:
                 raise InvalidArgument("not a token from this listing", field="page_token") from exc
         jobs: list[JobRecord] = []
