@@ -127,13 +127,13 @@ async def test_claims_come_out_highest_priority_first_whatever_the_submission_or
 
 
 @pytest.mark.parametrize("batch", [1, 20], ids=["one-at-a-time", "batches-of-20"])
-@pytest.mark.parametrize("big_first", [True, False], ids=["big-tenant-first", "small-first"])
 async def test_a_small_tenant_is_served_within_the_first_claims_despite_a_big_backlog(
-    shard: ShardClient, batch: int, big_first: bool
+    shard: ShardClient, batch: int
 ) -> None:
+    # The big tenant submits first, so it is at the head of the ring (the harder order).
     big = [job(f"A{i}", tenant="alpha") for i in range(10_000)]
     small = [job(f"B{i}", tenant="bravo") for i in range(10)]
-    await enqueue_many(shard, big + small if big_first else small + big)
+    await enqueue_many(shard, big + small)
     first: list[ClaimedJob] = []
     while len(first) < 20:
         first += await shard.claim("w1", batch, LEASE)
