@@ -1,0 +1,163 @@
+"""The coordinator's Postgres schema (SQLAlchemy Core) and engine factories.
+
+This ``metadata`` is what the code queries; the alembic revisions under
+``coordinator/migrations/versions`` are what creates it, spelled out by hand so a migration
+never changes because the models did. ``tests/integration/test_migrations.py`` checks the two
+agree.
+
+Every table is prefixed ``shardq_`` so the schema can share a database with an application.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from coordinator.placement import SHARD_STATES, SLOT_COUNT
+
+#: Channel of ``NOTIFY`` sent (payload: the new version) whenever the shard map changes.
+MAP_CHANNEL = "shardq_map"
+#: Token roles: a tenant token acts on one tenant's jobs, admin on everything, worker claims.
+TOKEN_ROLES = ("tenant", "admin", "worker")
+#: Terminal job states recorded in ``shardq_results``.
+RESULT_STATUSES = ("succeeded", "failed", "dead", "cancelled")
+
+# Constraint names fixed here so migrations and error messages name them the same way.
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _now() -> sa.TextClause:
+    return sa.text("now()")
+
+
+shards = sa.Table(
+    "shardq_shards",
+    metadata,
+    sa.Column("shard_id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("address", sa.Text, nullable=False),
+    sa.Column("weight", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("state", sa.Text, nullable=False, server_default="active"),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
+    sa.CheckConstraint(_in("state", SHARD_STATES), name="state"),
+    sa.CheckConstraint("weight >= 0", name="weight"),
+    sa.CheckConstraint("shard_id >= 0", name="shard_id"),
+)
+
+# One row per slot (16,384 rows): the slot table of the placement. Rewritten only in the
+# rows whose owner changes.
+slots = sa.Table(
+    "shardq_slots",
+    metadata,
+    sa.Column("slot", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("shard_id", sa.Integer, sa.ForeignKey(shards.c.shard_id), nullable=False),
+    sa.CheckConstraint(f"slot >= 0 AND slot < {SLOT_COUNT}", name="slot"),
+)
+
+pins = sa.Table(
+    "shardq_pins",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("shard_id", sa.Integer, sa.ForeignKey(shards.c.shard_id), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
+)
+
+# Live tenant migrations in progress (the rebalancer writes these; placement reads them).
+moves = sa.Table(
+    "shardq_moves",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("from_shard_id", sa.Integer, sa.ForeignKey(shards.c.shard_id), nullable=False),
+    sa.Column("to_shard_id", sa.Integer, sa.ForeignKey(shards.c.shard_id), nullable=False),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
+)
+
+# A single row: the map's version, bumped in the same transaction as every map change.
+map_version = sa.Table(
+    "shardq_map_version",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("version", sa.BigInteger, nullable=False),
+    sa.CheckConstraint("id = 1", name="single_row"),
+)
+
+tokens = sa.Table(
+    "shardq_tokens",
+    metadata,
+    # Public part of the token (12 hex chars); safe to log and to show in `tokens list`.
+    sa.Column("token_id", sa.Text, primary_key=True),
+    # sha256 hex of the whole token; the token itself is never stored.
+    sa.Column("token_hash", sa.Text, nullable=False, unique=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("tenant_id", sa.Text, nullable=True),
+    sa.Column("name", sa.Text, nullable=False, server_default=""),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
+    sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint(_in("role", TOKEN_ROLES), name="role"),
+    sa.CheckConstraint("(role = 'tenant') = (tenant_id IS NOT NULL)", name="tenant_iff_role"),
+)
+
+# One row per finished job, written once by the worker (INSERT ... ON CONFLICT DO NOTHING):
+# a late or duplicate completion changes nothing.
+results = sa.Table(
+    "shardq_results",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("job_id", sa.Text, nullable=False),
+    sa.Column("shard_id", sa.Integer, nullable=True),
+    sa.Column("handler", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("result", JSONB, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+    sa.Column("worker_id", sa.Text, nullable=False),
+    sa.Column("queued_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
+    sa.CheckConstraint(_in("status", RESULT_STATUSES), name="status"),
+    sa.Index(None, "job_id"),
+)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """``url`` with the psycopg 3 driver: plain ``postgresql://``/``postgres://`` URLs work too."""
+    for scheme in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url[len(scheme) :]
+    return url
+
+
+def psycopg_dsn(url: str) -> str:
+    """``url`` as libpq/psycopg takes it (no SQLAlchemy driver suffix)."""
+    for scheme in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
+        if url.startswith(scheme):
+            return "postgresql://" + url[len(scheme) :]
+    return url
+
+
+def make_engine(url: str) -> AsyncEngine:
+    """The async engine every coordinator component shares (one pool per process).
+
+    ``pool_pre_ping`` because Postgres restarts and failovers leave dead pooled connections
+    that would otherwise fail the first request after them.
+    """
+    return create_async_engine(sqlalchemy_url(url), pool_pre_ping=True)
+
+
+def make_sync_engine(url: str) -> sa.Engine:
+    """A blocking engine, for migrations and one-shot CLI work."""
+    return sa.create_engine(sqlalchemy_url(url), pool_pre_ping=True)

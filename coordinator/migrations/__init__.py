@@ -1,0 +1,1 @@
+"""Alembic migrations of the coordinator's schema; run them with ``shardq migrate``."""
