@@ -264,6 +264,7 @@ class ShardClient:
         """Extend leases in one round trip: OK, CANCEL_REQUESTED or STALE_LEASE per lease."""
         if not leases:
             return []
+        validation.int_in_range(lease_ms, 1, validation.MAX_TIMEOUT_MS, "lease_ms")
         codes = await self._run(
             "heartbeat",
             [self.keys.leases()],
@@ -491,6 +492,8 @@ class ShardClient:
         ]
 
     async def get_schedule(self, tenant: str, schedule_id: str) -> ScheduleSpec | None:
+        validation.tenant_id(tenant)
+        validation.schedule_id(schedule_id)
         body = await self._r.hget(self.keys.schedules(tenant), schedule_id)
         return _spec(schedule_id, body.decode()) if body is not None else None
 
