@@ -1,0 +1,482 @@
+"""The shard map in Postgres: one source of truth that every replica and worker follows.
+
+:class:`ShardMapStore` reads and changes it. Every change is one transaction that first locks
+the version row (``SELECT ... FOR UPDATE``, so concurrent changers take turns and each sees
+the other's result), writes only what changed, bumps the version and sends
+``NOTIFY shardq_map, '<version>'`` — delivered at commit, so a listener that reloads on it
+always sees the change. A call that changes nothing bumps nothing, so the CLI and Helm hooks
+can repeat ``sync`` freely.
+
+:class:`ShardMapFollower` keeps a replica's copy current: LISTEN for the push, plus a cheap
+version poll so a notification lost to a dropped connection still converges within
+``poll_interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.rows import TupleRow
+from sqlalchemy.dialects.postgresql import aggregate_order_by
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from coordinator import db
+from coordinator.placement import (
+    SLOT_COUNT,
+    ShardInfo,
+    ShardMap,
+    TenantMove,
+    balance_slots,
+)
+from shard import validation
+from shard.errors import FailedPrecondition, InvalidArgument, NotFound
+
+log = logging.getLogger("shardq.coordinator.shardmap")
+
+
+class MapNotInitialized(FailedPrecondition):
+    """No shard map yet: ``shardq shards init`` (or ``sync_shards``) has not run."""
+
+
+class MapChangeRefused(FailedPrecondition, ValueError):
+    """A well-formed change the map cannot take now (e.g. removing shards that own slots)."""
+
+
+def _check_address(address: object, index: int) -> str:
+    field = f"addresses[{index}]"
+    if not isinstance(address, str):
+        raise InvalidArgument("must be a host:port string", field=field)
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"{address!r} is not host:port", field=field)
+    return address
+
+
+def _check_weight(weight: object, field: str) -> int:
+    return validation.int_in_range(weight, 0, 1_000_000, field)
+
+
+class ShardMapStore:
+    """Reads and changes the shard map; every method is one transaction."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def version(self) -> int:
+        """The current version (0 before the map exists): one indexed single-row read."""
+        async with self._engine.connect() as conn:
+            found = await conn.scalar(
+                sa.select(db.map_version.c.version).where(db.map_version.c.id == 1)
+            )
+        return int(found or 0)
+
+    async def load(self) -> ShardMap:
+        """The whole map, read from one snapshot so version and contents always agree."""
+        async with self._engine.connect() as plain:
+            conn = await plain.execution_options(isolation_level="REPEATABLE READ")
+            async with conn.begin():
+                version = await conn.scalar(
+                    sa.select(db.map_version.c.version).where(db.map_version.c.id == 1)
+                )
+                found = await self._read(conn, int(version or 0))
+        if found is None:
+            raise MapNotInitialized("no shard map yet: run `shardq shards init`")
+        return found
+
+    async def sync_shards(
+        self, addresses: Sequence[str], weights: Sequence[int] | None = None
+    ) -> ShardMap:
+        """Make shards ``0..N-1`` have ``addresses`` (and ``weights``), creating the map on the
+        first call and giving new shards their share of slots.
+
+        ``weights=None`` keeps existing shards' weights and gives new ones 1. Fewer addresses
+        than shards is refused: removing a shard needs its tenants moved off first.
+        """
+        if not addresses:
+            raise InvalidArgument("at least one shard address is needed", field="addresses")
+        checked = [_check_address(a, i) for i, a in enumerate(addresses)]
+        if len(set(checked)) != len(checked):
+            raise InvalidArgument("two shards cannot share an address", field="addresses")
+        if weights is not None:
+            if len(weights) != len(checked):
+                raise InvalidArgument(
+                    f"{len(weights)} weights for {len(checked)} addresses", field="weights"
+                )
+            weights = [_check_weight(w, f"weights[{i}]") for i, w in enumerate(weights)]
+
+        async with self._engine.begin() as conn:
+            version = await self._lock(conn)
+            before = await self._read(conn, version)
+            existing = dict(before.shards) if before else {}
+            if len(checked) < len(existing):
+                raise MapChangeRefused(
+                    f"the map has {len(existing)} shards and {len(checked)} addresses were "
+                    "given: removing shards is not supported (drain them first)"
+                )
+            changed = False
+            for shard_id, address in enumerate(checked):
+                old = existing.get(shard_id)
+                weight = weights[shard_id] if weights else (old.weight if old else 1)
+                if old is None:
+                    await conn.execute(
+                        sa.insert(db.shards).values(
+                            shard_id=shard_id, address=address, weight=weight
+                        )
+                    )
+                elif (old.address, old.weight) != (address, weight):
+                    await conn.execute(
+                        sa.update(db.shards)
+                        .where(db.shards.c.shard_id == shard_id)
+                        .values(address=address, weight=weight)
+                    )
+                else:
+                    continue
+                existing[shard_id] = ShardInfo(
+                    shard_id, address, weight, old.state if old else "active"
+                )
+                changed = True
+            changed |= await self._rebalance(conn, before, existing)
+            return await self._commit(conn, version, changed, before)
+
+    async def set_weight(self, shard_id: int, weight: int) -> ShardMap:
+        """Change a shard's share of slots and move the fewest slots to match; 0 empties it."""
+        _check_weight(weight, "weight")
+        async with self._engine.begin() as conn:
+            version = await self._lock(conn)
+            before = await self._require(conn, version)
+            old = before.shards.get(shard_id)
+            if old is None:
+                raise NotFound(f"no shard {shard_id}", field="shard_id")
+            if old.weight == weight:
+                return before
+            await conn.execute(
+                sa.update(db.shards).where(db.shards.c.shard_id == shard_id).values(weight=weight)
+            )
+            shards = {
+                **before.shards,
+                shard_id: ShardInfo(shard_id, old.address, weight, old.state),
+            }
+            await self._rebalance(conn, before, shards)
+            return await self._commit(conn, version, True, before)
+
+    async def pin(self, tenant_id: str, shard_id: int) -> ShardMap:
+        """Send ``tenant_id``'s new work to ``shard_id`` whatever its slot says.
+
+        Only placement changes: jobs the tenant already has stay where they are, so pin a
+        tenant before it has work, or move it with the tenant-migration commands.
+        """
+        validation.tenant_id(tenant_id)
+        async with self._engine.begin() as conn:
+            version = await self._lock(conn)
+            before = await self._require(conn, version)
+            if shard_id not in before.shards:
+                raise NotFound(f"no shard {shard_id}", field="shard_id")
+            if before.pins.get(tenant_id) == shard_id:
+                return before
+            stmt = pg_insert(db.pins).values(tenant_id=tenant_id, shard_id=shard_id)
+            await conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[db.pins.c.tenant_id],
+                    set_={"shard_id": shard_id, "created_at": sa.func.now()},
+                )
+            )
+            return await self._commit(conn, version, True, before)
+
+    async def unpin(self, tenant_id: str) -> bool:
+        """Return ``tenant_id`` to its slot's shard; False when it was not pinned."""
+        validation.tenant_id(tenant_id)
+        async with self._engine.begin() as conn:
+            version = await self._lock(conn)
+            deleted = await conn.execute(sa.delete(db.pins).where(db.pins.c.tenant_id == tenant_id))
+            if not deleted.rowcount:
+                return False
+            await self._bump(conn, version)
+            return True
+
+    # -- inside a changing transaction --------------------------------------------------------
+
+    @staticmethod
+    async def _lock(conn: AsyncConnection) -> int:
+        """Lock the version row until commit, so changers serialize; returns the version."""
+        # The migration creates the row; recreate it if someone deleted it.
+        await conn.execute(
+            pg_insert(db.map_version).values(id=1, version=0).on_conflict_do_nothing()
+        )
+        version = await conn.scalar(
+            sa.select(db.map_version.c.version).where(db.map_version.c.id == 1).with_for_update()
+        )
+        return int(version or 0)
+
+    @staticmethod
+    async def _bump(conn: AsyncConnection, version: int) -> int:
+        new = version + 1
+        await conn.execute(
+            sa.update(db.map_version).where(db.map_version.c.id == 1).values(version=new)
+        )
+        # Queued by Postgres and delivered only if and when this transaction commits.
+        await conn.execute(sa.select(sa.func.pg_notify(db.MAP_CHANNEL, str(new))))
+        return new
+
+    async def _commit(
+        self, conn: AsyncConnection, version: int, changed: bool, before: ShardMap | None
+    ) -> ShardMap:
+        if not changed and before is not None:
+            return before
+        new_version = await self._bump(conn, version)
+        after = await self._read(conn, new_version)
+        assert after is not None  # the transaction just wrote it
+        return after
+
+    async def _require(self, conn: AsyncConnection, version: int) -> ShardMap:
+        found = await self._read(conn, version)
+        if found is None:
+            raise MapNotInitialized("no shard map yet: run `shardq shards init`")
+        return found
+
+    @staticmethod
+    async def _rebalance(
+        conn: AsyncConnection, before: ShardMap | None, shards: Mapping[int, ShardInfo]
+    ) -> bool:
+        """Rewrite the slots whose owner changes under ``shards``' weights; True if any did."""
+        weights = {sid: info.effective_weight for sid, info in shards.items()}
+        try:
+            table = balance_slots(before.slots if before else None, weights)
+        except ValueError as exc:
+            raise MapChangeRefused(str(exc)) from None
+        if before is None:
+            changes = list(enumerate(table))
+        else:
+            changes = [(s, sid) for s, sid in enumerate(table) if before.slots[s] != sid]
+        if not changes:
+            return False
+        # One statement however many slots move (a first init writes all 16,384).
+        await conn.execute(
+            sa.text(
+                "INSERT INTO shardq_slots (slot, shard_id) "
+                "SELECT * FROM unnest(CAST(:slots AS int[]), CAST(:shards AS int[])) "
+                "ON CONFLICT (slot) DO UPDATE SET shard_id = EXCLUDED.shard_id"
+            ),
+            {"slots": [s for s, _ in changes], "shards": [sid for _, sid in changes]},
+        )
+        return True
+
+    @staticmethod
+    async def _read(conn: AsyncConnection, version: int) -> ShardMap | None:
+        """The map as ``conn`` sees it, or None when there are no shards yet."""
+        shard_rows = (await conn.execute(sa.select(db.shards))).all()
+        if not shard_rows:
+            return None
+        shards = {
+            r.shard_id: ShardInfo(r.shard_id, r.address, r.weight, r.state) for r in shard_rows
+        }
+        # One array rather than 16,384 rows: a replica reloads the map on every change.
+        owners = await conn.scalar(
+            sa.select(sa.func.array_agg(aggregate_order_by(db.slots.c.shard_id, db.slots.c.slot)))
+        )
+        slot_table = tuple(owners or ())
+        if len(slot_table) != SLOT_COUNT:
+            raise FailedPrecondition(
+                f"the slot table has {len(slot_table)} of {SLOT_COUNT} slots: "
+                "run `shardq shards sync`"
+            )
+        pins = {r.tenant_id: r.shard_id for r in (await conn.execute(sa.select(db.pins))).all()}
+        moves = {
+            r.tenant_id: TenantMove(
+                r.tenant_id,
+                r.from_shard_id,
+                r.to_shard_id,
+                int(r.started_at.timestamp() * 1000),
+            )
+            for r in (await conn.execute(sa.select(db.moves))).all()
+        }
+        return ShardMap(
+            version=version,
+            shards=shards,
+            slots=slot_table,
+            pins=pins,
+            moves=moves,
+        )
+
+
+MapCallback = Callable[[ShardMap], object]
+
+
+class ShardMapFollower:
+    """A replica's always-current copy of the shard map.
+
+    Changes arrive by ``LISTEN shardq_map`` on a dedicated connection (a pooled connection
+    cannot hold a LISTEN); every ``poll_interval_s`` the version is also compared, which
+    catches a notification lost while the listen connection was down. Subscribers hear of
+    each new version in order, from the event loop, never concurrently.
+    """
+
+    def __init__(
+        self,
+        store: ShardMapStore,
+        dsn_for_listen: str,
+        poll_interval_s: float = 0.5,
+        *,
+        retry_delay_s: float = 1.0,
+    ) -> None:
+        self._store = store
+        self._dsn = db.psycopg_dsn(dsn_for_listen)
+        self._poll_interval_s = poll_interval_s
+        #: Pause before reconnecting the listen connection after it fails, in seconds.
+        self._retry_delay_s = retry_delay_s
+        self._current: ShardMap | None = None
+        self._changed = asyncio.Event()
+        self._callbacks: list[MapCallback] = []
+        self._queues: list[asyncio.Queue[ShardMap]] = []
+        self._reload_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._listen_failing = False
+
+    @property
+    def current(self) -> ShardMap:
+        if self._current is None:
+            raise RuntimeError("ShardMapFollower.start() has not completed")
+        return self._current
+
+    async def start(self) -> None:
+        """Load the map (raises MapNotInitialized if there is none yet), then follow it."""
+        if self._task is not None:
+            return
+        self._current = await self._store.load()
+        self._task = asyncio.create_task(self._follow(), name="shardq-map-follower")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def on_change(self, callback: MapCallback) -> Callable[[], None]:
+        """Call ``callback(new_map)`` after each change; returns a function that unregisters it.
+
+        Callbacks run inline on the event loop and must not block; an exception is logged.
+        """
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
+
+    def subscribe(self) -> asyncio.Queue[ShardMap]:
+        """A queue that receives every new map from now on (unbounded; maps are shared)."""
+        queue: asyncio.Queue[ShardMap] = asyncio.Queue()
+        self._queues.append(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[ShardMap]) -> None:
+        with contextlib.suppress(ValueError):
+            self._queues.remove(queue)
+
+    async def wait_for_version(self, version: int, timeout_s: float) -> ShardMap:
+        """The map once it is at ``version`` or newer; TimeoutError after ``timeout_s``."""
+        async with asyncio.timeout(timeout_s):
+            while self.current.version < version:
+                changed = self._changed
+                await changed.wait()
+        return self.current
+
+    async def refresh(self) -> ShardMap:
+        """Reload now if the stored version differs from ours (cheap when it does not)."""
+        async with self._reload_lock:
+            if await self._store.version() != self.current.version:
+                self._publish(await self._store.load())
+        return self.current
+
+    # -- the follow loop ----------------------------------------------------------------------
+
+    async def _follow(self) -> None:
+        conn: psycopg.AsyncConnection[TupleRow] | None = None
+        try:
+            while True:
+                if conn is None:
+                    conn = await self._listen()
+                    await self._poll()  # whatever changed while we were not listening
+                if conn is None:
+                    await asyncio.sleep(self._retry_delay_s)
+                else:
+                    try:
+                        await self._drain_notifications(conn)
+                    except (psycopg.Error, OSError) as exc:
+                        log.warning("shard map listen connection lost: %s", exc)
+                        await _close_quietly(conn)
+                        conn = None
+                await self._poll()
+        finally:
+            if conn is not None:
+                await _close_quietly(conn)
+
+    async def _listen(self) -> psycopg.AsyncConnection[TupleRow] | None:
+        try:
+            conn: psycopg.AsyncConnection[TupleRow] = await psycopg.AsyncConnection.connect(
+                self._dsn, autocommit=True
+            )
+        except (psycopg.Error, OSError) as exc:
+            self._log_listen_failure(exc)
+            return None
+        try:
+            await conn.execute(f"LISTEN {db.MAP_CHANNEL}")
+        except (psycopg.Error, OSError) as exc:
+            await _close_quietly(conn)
+            self._log_listen_failure(exc)
+            return None
+        self._listen_failing = False
+        return conn
+
+    def _log_listen_failure(self, exc: BaseException) -> None:
+        # Once per outage, not once per retry; polling keeps the map current meanwhile.
+        level = logging.DEBUG if self._listen_failing else logging.WARNING
+        log.log(level, "cannot LISTEN for shard map changes (polling instead): %s", exc)
+        self._listen_failing = True
+
+    async def _drain_notifications(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        """Handle notifications for up to ``poll_interval_s``, then return for a poll."""
+        async for note in conn.notifies(timeout=self._poll_interval_s):
+            try:
+                announced = int(note.payload)
+            except ValueError:
+                announced = self.current.version + 1  # unknown payload: just look
+            if announced > self.current.version:  # a burst of changes reloads once
+                await self._reload_safely()
+
+    async def _poll(self) -> None:
+        try:
+            await self.refresh()
+        except (SQLAlchemyError, OSError, FailedPrecondition) as exc:
+            log.warning("cannot read the shard map version: %s", exc)
+
+    async def _reload_safely(self) -> None:
+        try:
+            async with self._reload_lock:
+                self._publish(await self._store.load())
+        except (SQLAlchemyError, OSError, FailedPrecondition) as exc:
+            log.warning("cannot reload the shard map: %s", exc)
+
+    def _publish(self, new: ShardMap) -> None:
+        old = self._current
+        if old is not None and old.version == new.version:
+            return
+        self._current = new
+        log.info("shard map version %s -> %d", old.version if old else None, new.version)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        for callback in list(self._callbacks):
+            try:
+                callback(new)
+            except Exception:
+                log.exception("shard map subscriber %r failed", callback)
+        for queue in self._queues:
+            queue.put_nowait(new)
+
+
+async def _close_quietly(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    with contextlib.suppress(psycopg.Error, OSError):
+        await conn.close()
