@@ -1,0 +1,148 @@
+"""Tokens in a real Postgres: created once, stored hashed, cached briefly, revocable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from coordinator import db
+from coordinator.migrate import upgrade
+from coordinator.tokens import Principal, TokenStore, hash_token
+from shard.errors import InvalidArgument
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    await asyncio.to_thread(upgrade, database_url)
+    engine = db.make_engine(database_url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def mono() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(engine: AsyncEngine, mono: Clock) -> TokenStore:
+    return TokenStore(engine, cache_ttl_s=0.05, clock=mono)
+
+
+async def test_a_created_token_authenticates_as_its_principal(store: TokenStore) -> None:
+    token_id, token = await store.create("tenant", "acme", name="acme prod")
+    assert token.startswith(f"sq_{token_id}_")
+    assert len(token_id) == 12
+    assert await store.authenticate(token) == Principal("tenant", "acme", token_id)
+    admin_id, admin = await store.create("admin")
+    worker_id, worker = await store.create("worker", name="pool-a")
+    assert await store.authenticate(admin) == Principal("admin", None, admin_id)
+    assert await store.authenticate(worker) == Principal("worker", None, worker_id)
+
+
+async def test_only_a_hash_is_stored(store: TokenStore, database_url: str) -> None:
+    token_id, token = await store.create("tenant", "acme")
+    secret = token[len(f"sq_{token_id}_") :]
+    assert len(secret) == 43
+    with psycopg.connect(db.psycopg_dsn(database_url)) as conn:
+        rows = conn.execute("SELECT row_to_json(t)::text FROM shardq_tokens t").fetchall()
+        stored_hash = conn.execute("SELECT token_hash FROM shardq_tokens").fetchone()
+    dump = " ".join(r[0] for r in rows)
+    assert token not in dump
+    assert secret not in dump
+    assert stored_hash == (hash_token(token),)
+    listed = await store.list()
+    assert [t.token_id for t in listed] == [token_id]
+    assert "hash" not in repr(listed) and secret not in repr(listed)
+
+
+@pytest.mark.parametrize(
+    "presented",
+    [
+        "",
+        "nonsense",
+        "Bearer sq_x",
+        "sq_0123456789ab_" + "A" * 43,  # well formed, never issued
+        "sq_0123456789ab_" + "A" * 44,
+        "sq_0123456789AB_" + "A" * 43,
+    ],
+)
+async def test_an_unknown_or_malformed_token_is_refused(store: TokenStore, presented: str) -> None:
+    await store.create("admin")
+    assert await store.authenticate(presented) is None
+
+
+async def test_a_token_with_a_swapped_id_is_refused(store: TokenStore) -> None:
+    token_id, token = await store.create("admin")
+    other_id, _ = await store.create("admin")
+    forged = token.replace(token_id, other_id, 1)
+    assert await store.authenticate(forged) is None
+    tampered = token[:-1] + ("B" if token[-1] != "B" else "C")
+    assert await store.authenticate(tampered) is None
+
+
+async def test_a_revoked_token_is_refused_after_the_cache_ttl(
+    engine: AsyncEngine, mono: Clock
+) -> None:
+    # Two stores are two coordinator replicas: one revokes, the other still has it cached.
+    revoker = TokenStore(engine, cache_ttl_s=5.0, clock=mono)
+    replica = TokenStore(engine, cache_ttl_s=5.0, clock=mono)
+    token_id, token = await revoker.create("tenant", "acme")
+    assert await replica.authenticate(token) is not None
+    assert await revoker.authenticate(token) is not None
+
+    assert await revoker.revoke(token_id) is True
+    assert await revoker.revoke(token_id) is False
+    assert await revoker.revoke("000000000000") is False
+    assert await revoker.authenticate(token) is None  # the revoking process: at once
+    assert await replica.authenticate(token) is not None  # elsewhere: cached for the TTL
+    mono.now += 5.01
+    assert await replica.authenticate(token) is None
+    listed = await revoker.list()
+    assert listed[0].revoked_at is not None and not listed[0].active
+    assert await revoker.list(include_revoked=False) == []
+
+
+async def test_the_cache_spares_the_database(store: TokenStore, engine: AsyncEngine) -> None:
+    _, token = await store.create("admin")
+    queries: list[str] = []
+
+    def count(*args: object) -> None:
+        queries.append(str(args[2]))
+
+    sa.event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        for _ in range(100):
+            assert await store.authenticate(token) is not None
+        for _ in range(100):
+            assert await store.authenticate("sq_0123456789ab_" + "A" * 43) is None
+    finally:
+        sa.event.remove(engine.sync_engine, "before_cursor_execute", count)
+    assert len(queries) == 2  # one per distinct token, positive and negative answers alike
+
+
+async def test_creating_checks_roles_and_tenants(store: TokenStore) -> None:
+    with pytest.raises(InvalidArgument, match="role"):
+        await store.create("root")
+    with pytest.raises(InvalidArgument, match="tenant_id"):
+        await store.create("tenant")
+    with pytest.raises(InvalidArgument, match="tenant_id"):
+        await store.create("tenant", "bad tenant!")
+    with pytest.raises(InvalidArgument, match="tenant_id"):
+        await store.create("admin", "acme")
+    assert await store.list() == []
