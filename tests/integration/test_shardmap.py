@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
-from coordinator import db
+from coordinator import cli, db
 from coordinator.migrate import upgrade
 from coordinator.placement import slot_of
 from coordinator.shardmap import (
@@ -241,3 +242,48 @@ async def test_a_follower_needs_a_map_to_start(store: ShardMapStore, database_ur
     with pytest.raises(RuntimeError):
         _ = replica.current
     await replica.stop()
+
+
+def test_the_cli_migrates_inits_syncs_and_shows_the_map(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = db.psycopg_dsn(database_url)  # operators pass plain postgresql:// URLs
+    template = ["--address", "shard-{i}.shardq-shard:6379"]
+    assert cli.main(["migrate", "--database-url", url]) == 0
+    assert cli.main(["shards", "init", "--shards", "3", *template, "--database-url", url]) == 0
+    assert cli.main(["shards", "init", "--shards", "3", *template, "--database-url", url]) == 0
+    assert "unchanged at version 1" in capsys.readouterr().out
+    assert cli.main(["shards", "init", "--address", "a:1", "--database-url", url]) == 1
+    assert "shards sync" in capsys.readouterr().err
+    assert cli.main(["shards", "sync", "--shards", "4", *template, "--database-url", url]) == 0
+    assert "1 -> 2: 4 shards, 4096 slots" in capsys.readouterr().out
+    assert cli.main(["shards", "sync", "--address", "a:1", "--database-url", url]) == 1
+    assert "removing shards is not supported" in capsys.readouterr().err
+    assert cli.main(["shards", "pin", "acme", "3", "--database-url", url]) == 0
+    assert "acme pinned to shard 3" in capsys.readouterr().out
+    assert cli.main(["shards", "show", "--json", "--database-url", url]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["version"] == 3
+    assert [s["address"] for s in shown["shards"]] == [
+        f"shard-{i}.shardq-shard:6379" for i in range(4)
+    ]
+    assert [s["slots"] for s in shown["shards"]] == [4096] * 4
+    assert shown["pins"] == {"acme": 3}
+    assert cli.main(["shards", "show", "--database-url", url]) == 0
+    table = capsys.readouterr().out
+    assert "shard map version 3" in table
+    assert "shard-3.shardq-shard:6379" in table
+
+
+def test_the_cli_says_what_is_missing(
+    database_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SHARDQ_DATABASE_URL", raising=False)
+    assert cli.main(["shards", "show"]) == 1
+    assert "--database-url or set SHARDQ_DATABASE_URL" in capsys.readouterr().err
+    monkeypatch.setenv("SHARDQ_DATABASE_URL", database_url)
+    assert cli.main(["shards", "show"]) == 1
+    assert "run `shardq migrate` first" in capsys.readouterr().err
+    assert cli.main(["migrate"]) == 0
+    assert cli.main(["shards", "show"]) == 1
+    assert "run `shardq shards init`" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -10,9 +11,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import db
+from coordinator import cli, db
 from coordinator.migrate import upgrade
-from coordinator.tokens import Principal, TokenStore, hash_token
+from coordinator.tokens import TOKEN_RE, Principal, TokenStore, hash_token
 from shard.errors import InvalidArgument
 
 
@@ -146,3 +147,35 @@ async def test_creating_checks_roles_and_tenants(store: TokenStore) -> None:
     with pytest.raises(InvalidArgument, match="tenant_id"):
         await store.create("admin", "acme")
     assert await store.list() == []
+
+
+def test_the_cli_creates_lists_and_revokes_tokens(
+    database_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHARDQ_DATABASE_URL", db.psycopg_dsn(database_url))
+    assert cli.main(["migrate"]) == 0
+    assert cli.main(["tokens", "create", "--tenant", "acme", "--name", "acme prod"]) == 0
+    printed = capsys.readouterr().out
+    token = printed.strip().splitlines()[-1]
+    assert TOKEN_RE.fullmatch(token)
+    assert cli.main(["tokens", "create", "--worker", "--json"]) == 0
+    worker = json.loads(capsys.readouterr().out)
+    assert worker["role"] == "worker" and TOKEN_RE.fullmatch(worker["token"])
+    assert cli.main(["tokens", "create", "--admin", "--worker"]) == 1
+    assert "exactly one of" in capsys.readouterr().err
+
+    assert cli.main(["tokens", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(t["role"], t["tenant_id"], t["name"]) for t in listed] == [
+        ("tenant", "acme", "acme prod"),
+        ("worker", None, ""),
+    ]
+    assert token not in json.dumps(listed)
+    tenant_id = listed[0]["token_id"]
+    assert cli.main(["tokens", "revoke", tenant_id]) == 0
+    assert cli.main(["tokens", "revoke", tenant_id]) == 1
+    capsys.readouterr()
+    assert cli.main(["tokens", "list", "--active"]) == 0
+    table = capsys.readouterr().out
+    assert worker["token_id"] in table
+    assert tenant_id not in table
