@@ -287,3 +287,24 @@ def test_the_cli_says_what_is_missing(
     assert cli.main(["migrate"]) == 0
     assert cli.main(["shards", "show"]) == 1
     assert "run `shardq shards init`" in capsys.readouterr().err
+
+
+async def test_a_follower_relistens_after_its_connection_is_killed(
+    store: ShardMapStore, database_url: str
+) -> None:
+    await store.sync_shards(THREE)
+    replica = ShardMapFollower(store, database_url, poll_interval_s=30.0, retry_delay_s=0.1)
+    await replica.start()
+    try:
+        await asyncio.sleep(0.2)
+        with psycopg.connect(db.psycopg_dsn(database_url), autocommit=True) as conn:
+            killed = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+            ).fetchall()
+        assert killed == [(True,)]
+        await asyncio.sleep(0.5)  # reconnect and LISTEN again
+        pinned = await store.pin("acme", 1)
+        assert (await replica.wait_for_version(pinned.version, 5)).shard_for("acme") == 1
+    finally:
+        await replica.stop()
