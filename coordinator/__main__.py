@@ -1,0 +1,3 @@
+from coordinator.server import main
+
+main()

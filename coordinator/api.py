@@ -1,0 +1,496 @@
+"""The shardq.v1 services. Each RPC authenticates, validates, routes to the tenant's shard
+through the shard API, and turns any error into a status code in ``coordinator.errors``."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from coordinator import convert
+from coordinator.app import Coordinator
+from coordinator.assignment import assign
+from coordinator.errors import Ctx, abort, item_code, translate
+from shard import validation
+from shard.client import raise_for_enqueue
+from shard.errors import AlreadyExists, InvalidArgument, ItemCode, NotFound, ShardqError
+from shard.ids import new_job_id
+from shard.models import EnqueueResult, JobRecord
+from shardq.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    schedules_pb2,
+    schedules_pb2_grpc,
+    tenants_pb2,
+    tenants_pb2_grpc,
+    workers_pb2,
+    workers_pb2_grpc,
+)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+def unary(
+    fn: Callable[[Any, Req, Ctx], Awaitable[Resp]],
+) -> Callable[[Any, Req, Ctx], Awaitable[Resp]]:
+    """Every error of a unary RPC leaves as a status code, never as a traceback."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Req, context: Ctx) -> Resp:
+        try:
+            return await fn(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            await abort(context, exc)
+
+    return wrapper
+
+
+def streaming(
+    fn: Callable[[Any, Req, Ctx], AsyncIterator[Resp]],
+) -> Callable[[Any, Req, Ctx], AsyncIterator[Resp]]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Req, context: Ctx) -> AsyncIterator[Resp]:
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            await abort(context, exc)
+
+    return wrapper
+
+
+class JobService(jobs_pb2_grpc.JobServiceServicer):
+    def __init__(self, coord: Coordinator) -> None:
+        self.c = coord
+
+    def _new_job(self, tenant: str, spec: common_pb2.JobSpec) -> Any:
+        request_id = spec.request_id or f"gen-{new_job_id()}"
+        return convert.new_job(
+            tenant,
+            spec,
+            request_id,
+            self.c.limits_for(tenant),
+            self.c.settings.shard.max_payload_bytes,
+        )
+
+    async def _job_pb(self, shard_id: int, rec: JobRecord) -> common_pb2.Job:
+        result = None
+        if rec.state == "succeeded":
+            result = await self.c.result_of(rec.tenant, rec.request_id)
+        return convert.job_to_pb(rec, shard_id, result)
+
+    @unary
+    async def SubmitJob(
+        self, request: jobs_pb2.SubmitJobRequest, context: Ctx
+    ) -> jobs_pb2.SubmitJobResponse:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        if not request.HasField("job"):
+            raise InvalidArgument("required", field="job")
+        shard_id, client, coalescer = self.c.route(tenant)
+        prepared = _prefixed(lambda: client.prepare(self._new_job(tenant, request.job)))
+        res = await coalescer.submit(prepared)
+        raise_for_enqueue(res)
+        rec = await client.get_job(tenant, res.job_id)
+        return jobs_pb2.SubmitJobResponse(
+            job=convert.job_to_pb(rec, shard_id), deduplicated=res.deduplicated
+        )
+
+    @unary
+    async def SubmitJobs(
+        self, request: jobs_pb2.SubmitJobsRequest, context: Ctx
+    ) -> jobs_pb2.SubmitJobsResponse:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        limit = self.c.settings.max_batch_jobs
+        if len(request.jobs) > limit:
+            raise InvalidArgument(
+                f"{len(request.jobs)} jobs is over the {limit} limit", field="jobs"
+            )
+        _, client, _ = self.c.route(tenant)
+        items: list[jobs_pb2.SubmitJobsItem | None] = [None] * len(request.jobs)
+        prepared: list[list[Any]] = []
+        positions: list[int] = []
+        now = client.clock.now_ms()
+        for i, spec in enumerate(request.jobs):
+
+            def prepare(spec: common_pb2.JobSpec = spec) -> list[Any]:
+                return client.prepare(self._new_job(tenant, spec), now)
+
+            try:
+                prepared.append(_prefixed(prepare))
+                positions.append(i)
+            except ShardqError as exc:
+                items[i] = _item_error(i, exc)
+        results = await client.enqueue_prepared(prepared, now) if prepared else []
+        for i, fields, res in zip(positions, prepared, results, strict=True):
+            items[i] = _item(i, fields[2], res)
+        return jobs_pb2.SubmitJobsResponse(items=[it for it in items if it is not None])
+
+    @unary
+    async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Ctx) -> common_pb2.Job:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        shard_id, client, _ = self.c.route(tenant)
+        rec = await client.get_job(tenant, _job_id(request.job_id))
+        return await self._job_pb(shard_id, rec)
+
+    @unary
+    async def CancelJob(
+        self, request: jobs_pb2.CancelJobRequest, context: Ctx
+    ) -> jobs_pb2.CancelJobResponse:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        shard_id, client, _ = self.c.route(tenant)
+        job_id = _job_id(request.job_id)
+        rec = await client.get_job(tenant, job_id)
+        if rec.state != "cancelled":
+            await client.cancel(tenant, job_id)
+            rec = await client.get_job(tenant, job_id)
+        return jobs_pb2.CancelJobResponse(job=convert.job_to_pb(rec, shard_id))
+
+    @unary
+    async def ListJobs(
+        self, request: jobs_pb2.ListJobsRequest, context: Ctx
+    ) -> jobs_pb2.ListJobsResponse:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        state = convert.PB_TO_STATE.get(request.state)
+        if state is None:
+            raise InvalidArgument("a job state is required", field="state")
+        if state in ("succeeded", "cancelled"):
+            raise InvalidArgument(
+                f"{state} jobs are not listed by state; use GetJob", field="state"
+            )
+        shard_id, client, _ = self.c.route(tenant)
+        page = await client.list_jobs(
+            tenant, state, convert.page_size(request.page_size), request.page_token
+        )
+        return jobs_pb2.ListJobsResponse(
+            jobs=[convert.job_to_pb(r, shard_id) for r in page.jobs],
+            next_page_token=page.next_page_token,
+        )
+
+    @streaming
+    async def WatchJob(
+        self, request: jobs_pb2.WatchJobRequest, context: Ctx
+    ) -> AsyncIterator[common_pb2.Job]:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        job_id = _job_id(request.job_id)
+        last: common_pb2.Job | None = None
+        delay = 0.02
+        while True:
+            shard_id, client, _ = self.c.route(tenant)
+            try:
+                rec = await client.get_job(tenant, job_id)
+            except NotFound:
+                if last is None:
+                    raise
+                return  # expired after its retention period: nothing more will change
+            job = await self._job_pb(shard_id, rec)
+            if last is None or _changed(last, job):
+                yield job
+                last = job
+                delay = 0.02
+            if job.state in convert.TERMINAL_PB:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    @unary
+    async def ListDeadJobs(
+        self, request: jobs_pb2.ListDeadJobsRequest, context: Ctx
+    ) -> jobs_pb2.ListDeadJobsResponse:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        shard_id, client, _ = self.c.route(tenant)
+        page = await client.list_jobs(
+            tenant, "dead", convert.page_size(request.page_size), request.page_token
+        )
+        return jobs_pb2.ListDeadJobsResponse(
+            jobs=[convert.job_to_pb(r, shard_id) for r in page.jobs],
+            next_page_token=page.next_page_token,
+        )
+
+    @unary
+    async def RequeueDeadJobs(
+        self, request: jobs_pb2.RequeueDeadJobsRequest, context: Ctx
+    ) -> jobs_pb2.RequeueDeadJobsResponse:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        if bool(request.job_ids) == request.all:
+            raise InvalidArgument("give job_ids or all, not both or neither", field="job_ids")
+        limit = self.c.settings.max_batch_jobs
+        if len(request.job_ids) > limit:
+            raise InvalidArgument(f"more than {limit} IDs", field="job_ids")
+        for jid in request.job_ids:
+            _job_id(jid, "job_ids")
+        _, client, _ = self.c.route(tenant)
+        if not request.all:
+            n, missing = await client.requeue_dead(tenant, list(request.job_ids))
+            return jobs_pb2.RequeueDeadJobsResponse(requeued_count=n, not_found_job_ids=missing)
+        total = 0
+        while True:
+            page = await client.list_jobs(tenant, "dead", 500)
+            if not page.jobs:
+                return jobs_pb2.RequeueDeadJobsResponse(requeued_count=total)
+            n, _ = await client.requeue_dead(tenant, [j.job_id for j in page.jobs])
+            total += n
+
+
+class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
+    def __init__(self, coord: Coordinator) -> None:
+        self.c = coord
+
+    @unary
+    async def CreateSchedule(
+        self, request: schedules_pb2.CreateScheduleRequest, context: Ctx
+    ) -> schedules_pb2.CreateScheduleResponse:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        if not request.HasField("schedule"):
+            raise InvalidArgument("required", field="schedule")
+        spec = _prefixed(lambda: convert.schedule_spec(request.schedule), "schedule.")
+        _, client, _ = self.c.route(tenant)
+        validation.schedule_id(spec.schedule_id, "schedule.schedule_id")
+        existing = await client.get_schedule(tenant, spec.schedule_id)
+        if existing is not None:
+            if not convert.same_schedule(existing, spec):
+                raise AlreadyExists("another schedule has this ID", field="schedule.schedule_id")
+            current = next(
+                s
+                for s in await client.list_schedules(tenant)
+                if s.spec.schedule_id == spec.schedule_id
+            )
+            return schedules_pb2.CreateScheduleResponse(schedule=convert.schedule_to_pb(current))
+        created = await _prefixed_async(
+            client.upsert_schedule(tenant, spec, self.c.settings.max_schedules_per_tenant),
+            "schedule.",
+        )
+        return schedules_pb2.CreateScheduleResponse(schedule=convert.schedule_to_pb(created))
+
+    @unary
+    async def ListSchedules(
+        self, request: schedules_pb2.ListSchedulesRequest, context: Ctx
+    ) -> schedules_pb2.ListSchedulesResponse:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        _, client, _ = self.c.route(tenant)
+        size = convert.page_size(request.page_size)
+        offset = _offset(request.page_token)
+        schedules = await client.list_schedules(tenant)
+        page = schedules[offset : offset + size]
+        more = offset + size < len(schedules)
+        return schedules_pb2.ListSchedulesResponse(
+            schedules=[convert.schedule_to_pb(s) for s in page],
+            next_page_token=str(offset + size) if more else "",
+        )
+
+    @unary
+    async def DeleteSchedule(
+        self, request: schedules_pb2.DeleteScheduleRequest, context: Ctx
+    ) -> schedules_pb2.DeleteScheduleResponse:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        _, client, _ = self.c.route(tenant)
+        await client.delete_schedule(tenant, request.schedule_id)
+        return schedules_pb2.DeleteScheduleResponse()
+
+
+class TenantService(tenants_pb2_grpc.TenantServiceServicer):
+    def __init__(self, coord: Coordinator) -> None:
+        self.c = coord
+
+    @unary
+    async def GetTenantStats(
+        self, request: tenants_pb2.GetTenantStatsRequest, context: Ctx
+    ) -> common_pb2.TenantStats:
+        tenant = await self.c.tenant_of(context, request.tenant_id)
+        shard_id, client, _ = self.c.route(tenant)
+        return _stats(tenant, shard_id, await client.counts(tenant))
+
+
+class AdminService(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, coord: Coordinator) -> None:
+        self.c = coord
+
+    @unary
+    async def GetShardMap(
+        self, request: admin_pb2.GetShardMapRequest, context: Ctx
+    ) -> admin_pb2.ShardMap:
+        await self.c.require_role(context, "admin")
+        m = self.c.shard_map
+        return admin_pb2.ShardMap(
+            version=m.version,
+            shards=[
+                admin_pb2.Shard(
+                    shard_id=s.shard_id,
+                    address=s.address,
+                    weight=s.weight,
+                    state=admin_pb2.SHARD_STATE_DRAINING
+                    if s.state == "draining"
+                    else admin_pb2.SHARD_STATE_ACTIVE,
+                )
+                for s in sorted(m.shards.values(), key=lambda s: s.shard_id)
+            ],
+            slot_ranges=[
+                admin_pb2.SlotRange(start_slot=a, end_slot=b, shard_id=s)
+                for a, b, s in m.slot_ranges()
+            ],
+            pins=[admin_pb2.TenantPin(tenant_id=t, shard_id=s) for t, s in sorted(m.pins.items())],
+            moves_in_progress=[
+                admin_pb2.TenantMove(
+                    tenant_id=mv.tenant_id,
+                    from_shard_id=mv.from_shard_id,
+                    to_shard_id=mv.to_shard_id,
+                    started_at_unix_ms=mv.started_at_ms,
+                )
+                for mv in m.moves.values()
+            ],
+            slot_count=len(m.slots),
+        )
+
+    @unary
+    async def ListTenantStats(
+        self, request: admin_pb2.ListTenantStatsRequest, context: Ctx
+    ) -> admin_pb2.ListTenantStatsResponse:
+        await self.c.require_role(context, "admin")
+        shards = self.c.pool.all()
+        if request.HasField("shard_id"):
+            if request.shard_id not in shards:
+                raise NotFound(f"no shard {request.shard_id}", field="shard_id")
+            shards = {request.shard_id: shards[request.shard_id]}
+        pairs = [(sid, t) for sid in sorted(shards) for t in await shards[sid].tenants()]
+        size = convert.page_size(request.page_size)
+        offset = _offset(request.page_token)
+        page = pairs[offset : offset + size]
+        stats = [_stats(t, sid, await shards[sid].counts(t)) for sid, t in page]
+        return admin_pb2.ListTenantStatsResponse(
+            tenants=stats,
+            next_page_token=str(offset + size) if offset + size < len(pairs) else "",
+        )
+
+
+class WorkerService(workers_pb2_grpc.WorkerServiceServicer):
+    """Shard assignment for workers; an open stream is the worker's sign of life."""
+
+    def __init__(self, coord: Coordinator) -> None:
+        self.c = coord
+        self._streams: dict[str, asyncio.Queue[None]] = {}
+        coord.follower.on_change(lambda _m: self._nudge())
+
+    def _nudge(self) -> None:
+        for q in self._streams.values():
+            q.put_nowait(None)
+
+    @streaming
+    async def WatchAssignment(
+        self, request: workers_pb2.WatchAssignmentRequest, context: Ctx
+    ) -> AsyncIterator[workers_pb2.Assignment]:
+        await self.c.require_role(context, "admin", "worker")
+        worker_id = validation.worker_id(request.worker_id)
+        queue: asyncio.Queue[None] = asyncio.Queue()
+        previous = self._streams.get(worker_id)
+        self._streams[worker_id] = queue
+        if previous is not None:
+            previous.put_nowait(None)  # a reconnect replaces the old stream
+        self._nudge()
+        last: tuple[int, ...] | None = None
+        try:
+            while self._streams.get(worker_id) is queue:
+                m = self.c.shard_map
+                mine = tuple(assign(m.shards, self._streams).get(worker_id, []))
+                if mine != last:
+                    last = mine
+                    yield workers_pb2.Assignment(
+                        map_version=m.version,
+                        shards=[
+                            workers_pb2.ShardEndpoint(shard_id=s, address=m.shards[s].address)
+                            for s in mine
+                        ],
+                        live_workers=len(self._streams),
+                    )
+                await queue.get()
+        finally:
+            if self._streams.get(worker_id) is queue:
+                del self._streams[worker_id]
+                self._nudge()
+
+
+def _stats(tenant: str, shard_id: int, counts: Any) -> common_pb2.TenantStats:
+    return common_pb2.TenantStats(
+        tenant_id=tenant,
+        shard_id=shard_id,
+        scheduled=max(0, counts.scheduled),
+        ready=max(0, counts.ready),
+        active=max(0, counts.active),
+        dead=max(0, counts.dead),
+        submitted_total=counts.submitted,
+        completed_total=counts.succeeded,
+        failed_total=counts.failed,
+    )
+
+
+def _changed(a: common_pb2.Job, b: common_pb2.Job) -> bool:
+    return (a.state, a.attempts, a.cancel_requested, a.run_at_unix_ms) != (
+        b.state, b.attempts, b.cancel_requested, b.run_at_unix_ms,
+    )  # fmt: skip
+
+
+def _job_id(value: str, field: str = "job_id") -> str:
+    return validation.job_id(value, field)
+
+
+def _offset(token: str) -> int:
+    if not token:
+        return 0
+    if not token.isdigit() or len(token) > 9:
+        raise InvalidArgument("not a token from this listing", field="page_token")
+    return int(token)
+
+
+T = TypeVar("T")
+
+
+def _prefixed(fn: Callable[[], T], prefix: str = "job.") -> T:
+    """Run a check and name the offending field as the request spells it (``job.priority``)."""
+    try:
+        return fn()
+    except ShardqError as exc:
+        if exc.field and not exc.field.startswith(prefix) and "." not in exc.field:
+            raise type(exc)(exc.message, field=prefix + exc.field) from exc
+        raise
+
+
+async def _prefixed_async(aw: Awaitable[T], prefix: str) -> T:
+    try:
+        return await aw
+    except InvalidArgument as exc:
+        if exc.field and "." not in exc.field:
+            raise InvalidArgument(exc.message, field=prefix + exc.field) from exc
+        raise
+
+
+def _item(index: int, request_id: str, res: EnqueueResult) -> jobs_pb2.SubmitJobsItem:
+    if res.accepted:
+        return jobs_pb2.SubmitJobsItem(
+            index=index,
+            job_id=res.job_id,
+            request_id=request_id,
+            deduplicated=res.deduplicated,
+            state=convert.STATE_TO_PB.get(res.state, common_pb2.JOB_STATE_UNSPECIFIED),
+        )
+    try:
+        raise_for_enqueue(res)
+    except ShardqError as exc:
+        return _item_error(index, exc)
+    raise AssertionError(f"unhandled enqueue code {ItemCode(res.code)!r}")
+
+
+def _item_error(index: int, exc: BaseException) -> jobs_pb2.SubmitJobsItem:
+    err = translate(exc)
+    return jobs_pb2.SubmitJobsItem(
+        index=index,
+        error=common_pb2.ItemError(code=item_code(err), message=str(err), field=err.field or ""),
+    )

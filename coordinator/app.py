@@ -1,0 +1,220 @@
+"""The coordinator's state: settings, the shard map it follows, a client per shard, auth.
+
+Stateless in the sense that matters: everything durable is in Postgres (shard map, tokens,
+results) or the shards' Redis; any number of replicas give the same answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from coordinator import db
+from coordinator.coalesce import Coalescer
+from coordinator.errors import Ctx
+from coordinator.placement import ShardMap
+from coordinator.shardmap import ShardMapFollower, ShardMapStore
+from coordinator.tokens import Principal, TokenStore
+from shard import validation
+from shard.client import ShardClient
+from shard.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
+from shard.models import Limits, ShardSettings
+
+log = logging.getLogger("shardq.coordinator")
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorSettings:
+    #: host:port the gRPC server binds (``SHARDQ_LISTEN``); port 0 picks a free one.
+    listen: str = "0.0.0.0:50051"
+    #: Postgres holding the shard map, tokens and results (``SHARDQ_DATABASE_URL``).
+    database_url: str = ""
+    #: Password of every shard's Redis (``SHARDQ_REDIS_PASSWORD``); empty for none.
+    redis_password: str = ""
+    #: PEM files for TLS; both empty means plaintext. A client CA file requires client certs.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    #: Most jobs in one SubmitJobs call, and IDs in one RequeueDeadJobs call.
+    max_batch_jobs: int = 1_000
+    #: Limits every tenant gets unless ``tenant_limits`` says otherwise.
+    default_limits: Limits = field(default_factory=lambda: Limits(max_pending=1_000_000))
+    tenant_limits: Mapping[str, Limits] = field(default_factory=dict)
+    #: Most recurring schedules per tenant.
+    max_schedules_per_tenant: int = 1_000
+    #: How often the shard-map version is polled besides LISTEN/NOTIFY, in seconds.
+    map_poll_interval_s: float = 0.5
+    #: The shards' data-plane settings (key prefix, dedupe window, payload limit...).
+    shard: ShardSettings = field(default_factory=ShardSettings)
+
+
+def parse_tenant_limits(raw: str) -> dict[str, Limits]:
+    """``{"acme": {"max_pending": 1000, "rate_per_s": 50}}`` (SHARDQ_TENANT_LIMITS)."""
+    if not raw:
+        return {}
+    out = {}
+    for tenant, spec in json.loads(raw).items():
+        validation.tenant_id(tenant)
+        out[tenant] = Limits(
+            max_pending=int(spec.get("max_pending", 0)), rate_per_s=float(spec.get("rate_per_s", 0))
+        )
+    return out
+
+
+def redis_for(address: str, password: str) -> Redis:
+    host, _, port = address.rpartition(":")
+    return Redis(
+        host=host or "127.0.0.1",
+        port=int(port),
+        password=password or None,
+        socket_connect_timeout=1.0,
+        socket_timeout=10.0,
+        socket_keepalive=True,
+        health_check_interval=15,
+        # A down shard must answer UNAVAILABLE quickly, not after long retry sleeps.
+        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), retries=1),
+    )
+
+
+class ShardPool:
+    """One ShardClient (and submit coalescer) per shard of the current map."""
+
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.settings = settings
+        self._clients: dict[int, tuple[str, ShardClient, Coalescer]] = {}
+
+    def update(self, smap: ShardMap) -> None:
+        for shard_id, info in smap.shards.items():
+            current = self._clients.get(shard_id)
+            if current is None or current[0] != info.address:
+                client = ShardClient(
+                    redis_for(info.address, self.settings.redis_password), self.settings.shard
+                )
+                self._clients[shard_id] = (info.address, client, Coalescer(client))
+                if current is not None:
+                    asyncio.get_running_loop().create_task(_close(current[1], current[2]))
+
+    def get(self, shard_id: int) -> tuple[ShardClient, Coalescer]:
+        try:
+            _, client, coalescer = self._clients[shard_id]
+        except KeyError:
+            raise Unavailable(f"shard {shard_id} is not in the shard map") from None
+        return client, coalescer
+
+    def all(self) -> dict[int, ShardClient]:
+        return {sid: c for sid, (_, c, _) in self._clients.items()}
+
+    async def close(self) -> None:
+        await asyncio.gather(*(_close(c, co) for _, c, co in self._clients.values()))
+        self._clients.clear()
+
+
+async def _close(client: ShardClient, coalescer: Coalescer) -> None:
+    await coalescer.close()
+    await client.redis.aclose()
+
+
+def bearer_token(metadata: Any) -> str | None:
+    for key, value in metadata or ():
+        if key == "authorization":
+            scheme, _, token = str(value).partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+class Coordinator:
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.settings = settings
+        self.engine: AsyncEngine = db.make_engine(settings.database_url)
+        self.store = ShardMapStore(self.engine)
+        self.follower = ShardMapFollower(
+            self.store, _psycopg_dsn(settings.database_url), settings.map_poll_interval_s
+        )
+        self.tokens = TokenStore(self.engine)
+        self.pool = ShardPool(settings)
+
+    async def start(self) -> None:
+        await self.follower.start()
+        self.pool.update(self.follower.current)
+        self.follower.on_change(self.pool.update)
+
+    async def stop(self) -> None:
+        await self.follower.stop()
+        await self.pool.close()
+        await self.engine.dispose()
+
+    @property
+    def shard_map(self) -> ShardMap:
+        return self.follower.current
+
+    def route(self, tenant: str) -> tuple[int, ShardClient, Coalescer]:
+        shard_id = self.shard_map.shard_for(tenant)
+        client, coalescer = self.pool.get(shard_id)
+        return shard_id, client, coalescer
+
+    def limits_for(self, tenant: str) -> Limits:
+        return self.settings.tenant_limits.get(tenant, self.settings.default_limits)
+
+    async def authenticate(self, context: Ctx) -> Principal:
+        token = bearer_token(context.invocation_metadata())
+        if not token:
+            raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
+        principal = await self.tokens.authenticate(token)
+        if principal is None:
+            raise Unauthenticated("the token is not valid")
+        return principal
+
+    async def tenant_of(
+        self,
+        context: Ctx,
+        requested: str,
+    ) -> str:
+        """The tenant a tenant-scoped call acts on, after authentication and authorization."""
+        principal = await self.authenticate(context)
+        if principal.role == "admin":
+            if not requested:
+                raise InvalidArgument("required with the admin token", field="tenant_id")
+            return validation.tenant_id(requested)
+        if principal.role != "tenant" or principal.tenant_id is None:
+            raise PermissionDenied("this token may not act on tenants' jobs")
+        if requested and requested != principal.tenant_id:
+            raise PermissionDenied("the token belongs to another tenant")
+        return principal.tenant_id
+
+    async def require_role(
+        self,
+        context: Ctx,
+        *roles: str,
+    ) -> Principal:
+        principal = await self.authenticate(context)
+        if principal.role not in roles:
+            raise PermissionDenied(f"this call needs a {' or '.join(roles)} token")
+        return principal
+
+    async def result_of(self, tenant: str, request_id: str) -> bytes | None:
+        """The recorded result of a succeeded job, as JSON bytes."""
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        "SELECT result::text FROM shardq_results "
+                        "WHERE tenant_id = :t AND request_id = :r"
+                    ),
+                    {"t": tenant, "r": request_id},
+                )
+            ).first()
+        return row[0].encode() if row and row[0] is not None else None
+
+
+def _psycopg_dsn(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)

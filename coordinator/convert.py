@@ -1,0 +1,146 @@
+"""Conversions between the wire messages of shardq.v1 and the shard's typed values."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shard import validation
+from shard.errors import InvalidArgument
+from shard.models import JobRecord, Limits, NewJob, Schedule, ScheduleSpec
+from shardq.v1 import common_pb2, schedules_pb2
+
+STATE_TO_PB = {
+    "scheduled": common_pb2.JOB_STATE_SCHEDULED,
+    "ready": common_pb2.JOB_STATE_READY,
+    "active": common_pb2.JOB_STATE_ACTIVE,
+    "succeeded": common_pb2.JOB_STATE_SUCCEEDED,
+    "dead": common_pb2.JOB_STATE_DEAD,
+    "cancelled": common_pb2.JOB_STATE_CANCELLED,
+}
+PB_TO_STATE = {v: k for k, v in STATE_TO_PB.items()}
+TERMINAL_PB = frozenset(
+    {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_DEAD, common_pb2.JOB_STATE_CANCELLED}
+)
+
+
+def check_json(payload: bytes, field: str = "job.payload") -> bytes:
+    """The payload handed to handlers: a JSON document; empty stands for JSON null."""
+    if not payload:
+        return b"null"
+    try:
+        json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgument(f"not a UTF-8 JSON document ({exc})", field=field) from exc
+    return payload
+
+
+def _when(spec: common_pb2.JobSpec) -> tuple[int | None, int | None]:
+    which = spec.WhichOneof("when")
+    if which == "run_at_unix_ms":
+        return spec.run_at_unix_ms, None
+    if which == "delay_ms":
+        return None, spec.delay_ms
+    return None, None
+
+
+def new_job(
+    tenant: str, spec: common_pb2.JobSpec, request_id: str, limits: Limits, max_payload: int
+) -> NewJob:
+    """A submitted JobSpec as a NewJob; raises InvalidArgument naming the ``job.`` field."""
+    payload = spec.payload
+    if len(payload) > max_payload:
+        raise InvalidArgument(
+            f"{len(payload)} bytes is over the {max_payload}-byte limit", field="job.payload"
+        )
+    run_at, delay = _when(spec)
+    if run_at is not None and run_at < 0:
+        raise InvalidArgument(f"{run_at} is before 1970", field="job.run_at_unix_ms")
+    if delay is not None and delay < 0:
+        raise InvalidArgument(f"{delay} is negative", field="job.delay_ms")
+    if spec.priority > validation.MAX_PRIORITY:
+        raise InvalidArgument(f"{spec.priority} is outside [0, 9]", field="job.priority")
+    return NewJob(
+        tenant=tenant,
+        handler=spec.handler,
+        payload=check_json(payload),
+        request_id=request_id,
+        priority=spec.priority,
+        run_at_ms=run_at,
+        delay_ms=delay,
+        max_attempts=spec.max_attempts,
+        timeout_ms=spec.timeout_ms,
+        limits=limits,
+    )
+
+
+def job_to_pb(rec: JobRecord, shard_id: int, result: bytes | None = None) -> common_pb2.Job:
+    return common_pb2.Job(
+        job_id=rec.job_id,
+        tenant_id=rec.tenant,
+        request_id=rec.request_id,
+        handler=rec.handler,
+        payload=rec.payload,
+        priority=rec.priority,
+        state=STATE_TO_PB.get(rec.state, common_pb2.JOB_STATE_UNSPECIFIED),
+        run_at_unix_ms=rec.run_at_ms,
+        created_at_unix_ms=rec.created_at_ms,
+        attempts=rec.attempts,
+        max_attempts=rec.max_attempts,
+        timeout_ms=rec.timeout_ms,
+        last_error=rec.last_error,
+        started_at_unix_ms=rec.started_at_ms,
+        finished_at_unix_ms=rec.finished_at_ms,
+        worker_id=rec.worker_id,
+        result=result or b"",
+        shard_id=shard_id,
+        cancel_requested=rec.cancel_requested,
+    )
+
+
+def schedule_spec(s: schedules_pb2.Schedule) -> ScheduleSpec:
+    t = s.job_template
+    return ScheduleSpec(
+        schedule_id=s.schedule_id,
+        cron=s.cron,
+        handler=t.handler,
+        payload=check_json(t.payload, "schedule.job_template.payload"),
+        time_zone=s.time_zone or "UTC",
+        priority=t.priority,
+        max_attempts=t.max_attempts,
+        timeout_ms=t.timeout_ms,
+    )
+
+
+def schedule_to_pb(s: Schedule) -> schedules_pb2.Schedule:
+    sp = s.spec
+    return schedules_pb2.Schedule(
+        schedule_id=sp.schedule_id,
+        cron=sp.cron,
+        time_zone=sp.time_zone,
+        job_template=common_pb2.JobSpec(
+            handler=sp.handler,
+            payload=sp.payload,
+            priority=sp.priority,
+            max_attempts=sp.max_attempts,
+            timeout_ms=sp.timeout_ms,
+        ),
+        next_run_at_unix_ms=s.next_tick_ms,
+        created_at_unix_ms=sp.created_at_ms,
+    )
+
+
+def same_schedule(a: ScheduleSpec, b: ScheduleSpec) -> bool:
+    """Equal definitions (creation time aside): creating it again is a no-op."""
+    fields: tuple[str, ...] = (
+        "cron", "handler", "payload", "time_zone", "priority", "max_attempts", "timeout_ms",
+    )  # fmt: skip
+    return all(getattr(a, f) == getattr(b, f) for f in fields)
+
+
+def page_size(requested: int, default: int = 100, maximum: int = 1000) -> int:
+    return default if requested == 0 else min(requested, maximum)
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in obj.__slots__}

@@ -1,0 +1,105 @@
+"""The one place that turns shardq errors into gRPC status codes.
+
+Handlers raise :class:`shard.errors.ShardqError` subclasses (or let a Redis/Postgres
+connection error through); :func:`to_status` decides the code and message. Nothing a client
+sends may end as UNKNOWN or INTERNAL: an unexpected exception is logged with its traceback
+and answered INTERNAL without the traceback, and the API fuzz tests hunt for those.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+import psycopg
+import sqlalchemy.exc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError as RedisResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shard import errors as e
+
+log = logging.getLogger("shardq.coordinator")
+
+if TYPE_CHECKING:
+    Ctx = grpc.aio.ServicerContext[Any, Any]
+else:  # generic only in the type stubs
+    Ctx = grpc.aio.ServicerContext
+
+CODES: dict[type[e.ShardqError], grpc.StatusCode] = {
+    e.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    e.NotFound: grpc.StatusCode.NOT_FOUND,
+    e.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    e.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    e.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    e.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    e.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    e.LeaseLost: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+#: Trailing metadata key carrying the retry delay, for clients that do not parse details.
+RETRY_AFTER_KEY = "retry-after-ms"
+
+
+def translate(exc: BaseException) -> e.ShardqError:
+    """Any exception as the ShardqError a client should see."""
+    if isinstance(exc, e.ShardqError):
+        return exc
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError | OSError):
+        return e.Unavailable(f"a shard cannot be reached: {exc}")
+    if isinstance(exc, RedisResponseError) and str(exc).startswith("OOM"):
+        return e.ResourceExhausted("the shard is out of memory", retry_after_ms=5_000)
+    if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+        return e.Unavailable("the database cannot be reached")
+    if isinstance(exc, psycopg.OperationalError):
+        return e.Unavailable("the database cannot be reached")
+    raise exc
+
+
+def item_code(exc: e.ShardqError) -> int:
+    """The numeric gRPC code, for per-item errors of batch calls."""
+    return int(CODES.get(type(exc), grpc.StatusCode.INTERNAL).value[0])
+
+
+def _status(exc: e.ShardqError) -> status_pb2.Status:
+    code = CODES.get(type(exc), grpc.StatusCode.INTERNAL)
+    status = status_pb2.Status(code=int(code.value[0]), message=str(exc))
+    if isinstance(exc, e.ResourceExhausted):
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(exc.retry_after_ms)
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        status.details.append(detail)
+    if exc.field:
+        detail = any_pb2.Any()
+        detail.Pack(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=exc.field, description=exc.message
+                    )
+                ]
+            )
+        )
+        if status.code == code_pb2.INVALID_ARGUMENT:
+            status.details.append(detail)
+    return status
+
+
+async def abort(context: Ctx, exc: BaseException) -> NoReturn:
+    """End the call with the status that ``exc`` stands for."""
+    try:
+        err = translate(exc)
+    except Exception:
+        log.exception("unexpected error")
+        await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+        raise AssertionError("unreachable") from None
+    if isinstance(err, e.ResourceExhausted):
+        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(err.retry_after_ms)),))
+    await context.abort_with_status(rpc_status.to_status(_status(err)))
+    raise AssertionError("unreachable")

@@ -1,0 +1,146 @@
+"""``shardq-coordinator``: build and run the gRPC server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from coordinator import api
+from coordinator.app import Coordinator, CoordinatorSettings, parse_tenant_limits
+from shard import config
+from shard.models import Limits, ShardSettings
+from shardq.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    schedules_pb2,
+    schedules_pb2_grpc,
+    tenants_pb2,
+    tenants_pb2_grpc,
+    workers_pb2,
+    workers_pb2_grpc,
+)
+
+log = logging.getLogger("shardq.coordinator")
+
+SERVICE_NAMES = (
+    jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+    schedules_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
+    tenants_pb2.DESCRIPTOR.services_by_name["TenantService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+    workers_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+)
+
+
+def _credentials(s: CoordinatorSettings) -> grpc.ServerCredentials | None:
+    if not s.tls_cert_file and not s.tls_key_file:
+        return None
+    key, cert = Path(s.tls_key_file).read_bytes(), Path(s.tls_cert_file).read_bytes()
+    ca = Path(s.tls_client_ca_file).read_bytes() if s.tls_client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
+
+
+async def build_server(
+    settings: CoordinatorSettings,
+) -> tuple[grpc.aio.Server, int, Coordinator, health.aio.HealthServicer]:
+    """A started coordinator and its (not yet started) server bound to ``settings.listen``."""
+    coord = Coordinator(settings)
+    await coord.start()
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ]
+    )
+    jobs_pb2_grpc.add_JobServiceServicer_to_server(api.JobService(coord), server)
+    schedules_pb2_grpc.add_ScheduleServiceServicer_to_server(api.ScheduleService(coord), server)
+    tenants_pb2_grpc.add_TenantServiceServicer_to_server(api.TenantService(coord), server)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(api.AdminService(coord), server)
+    workers_pb2_grpc.add_WorkerServiceServicer_to_server(api.WorkerService(coord), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
+    creds = _credentials(settings)
+    if creds is None:
+        port = server.add_insecure_port(settings.listen)
+    else:
+        port = server.add_secure_port(settings.listen, creds)
+    for name in (*SERVICE_NAMES, ""):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port, coord, health_servicer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="shardq-coordinator", description=__doc__)
+    config.add(p, "--listen", "0.0.0.0:50051", "gRPC host:port")
+    config.add(p, "--database-url", "", "Postgres URL (shard map, tokens, results)")
+    config.add(p, "--key-prefix", "shardq", "prefix of every Redis key")
+    config.add(p, "--redis-password", "", "password of the shards' Redis")
+    config.add(p, "--tls-cert-file", "", "PEM certificate chain for gRPC TLS")
+    config.add(p, "--tls-key-file", "", "PEM private key for gRPC TLS")
+    config.add(p, "--tls-client-ca-file", "", "PEM CA: require client certificates from it")
+    config.add(p, "--max-pending", 1_000_000, "default per-tenant pending-job quota", int)
+    config.add(p, "--rate-per-s", 0.0, "default per-tenant submit rate (0: none)", float)
+    config.add(p, "--tenant-limits", "", "JSON per-tenant overrides of the two above")
+    config.add(p, "--max-payload-bytes", 1_048_576, "largest payload accepted", int)
+    config.add(p, "--shutdown-grace-s", 10.0, "time in-flight calls get on SIGTERM", float)
+    config.add(p, "--log-level", "INFO", "logging level")
+    return p.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
+    if not args.database_url:
+        raise SystemExit("shardq-coordinator: --database-url (SHARDQ_DATABASE_URL) is required")
+    url = args.database_url
+    if url.startswith("postgresql://"):
+        url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+    return CoordinatorSettings(
+        listen=args.listen,
+        database_url=url,
+        redis_password=args.redis_password,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        tls_client_ca_file=args.tls_client_ca_file,
+        default_limits=Limits(max_pending=args.max_pending, rate_per_s=args.rate_per_s),
+        tenant_limits=parse_tenant_limits(args.tenant_limits),
+        shard=ShardSettings(key_prefix=args.key_prefix, max_payload_bytes=args.max_payload_bytes),
+    )
+
+
+async def serve(args: argparse.Namespace) -> None:
+    server, port, coord, health_servicer = await build_server(settings_from(args))
+    await server.start()
+    log.info("coordinator listening on port %d", port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining in-flight calls for up to %.1fs", args.shutdown_grace_s)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(args.shutdown_grace_s)
+    await coord.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

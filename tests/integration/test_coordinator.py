@@ -1,0 +1,266 @@
+"""The coordinator through its real gRPC API: real redis-server shards, real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_status import rpc_status
+from redis.asyncio import Redis
+
+from coordinator.client import AsyncClient, RetryPolicy, job_spec
+from coordinator.placement import slot_of
+from coordinator.server import build_server
+from shard.models import Failure, Limits
+from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from tests.support.cluster import Cluster, running_cluster
+
+
+@pytest.fixture
+async def cluster(database_url: str) -> AsyncIterator[Cluster]:
+    async with running_cluster(database_url) as c:
+        yield c
+
+
+async def code_of(aw: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await aw  # type: ignore[misc]
+    return info.value.code()
+
+
+async def test_a_submitted_job_can_be_read_back(cluster: Cluster) -> None:
+    c = await cluster.client("acme")
+    sub = await c.submit("email.send", {"to": "a@example.com"}, priority=7, delay_ms=60_000)
+    assert not sub.deduplicated
+    job = await c.get(sub.job_id)
+    assert (job.tenant_id, job.handler, job.priority, job.state) == (
+        "acme", "email.send", 7, common_pb2.JOB_STATE_SCHEDULED,
+    )  # fmt: skip
+    assert json.loads(job.payload) == {"to": "a@example.com"}
+    assert job.shard_id == cluster.coordinator.shard_map.shard_for("acme")
+
+
+async def test_fifty_concurrent_submits_of_one_request_id_make_one_job(cluster: Cluster) -> None:
+    c = await cluster.client("acme")
+    results = await asyncio.gather(
+        *(c.submit("h", {"n": 1}, request_id="same-request") for _ in range(50))
+    )
+    assert len({r.job_id for r in results}) == 1
+    assert sum(not r.deduplicated for r in results) == 1
+    stats = await c.tenant_stats()
+    assert stats.submitted_total == 1
+    code = await code_of(c.submit("h", {"n": 2}, request_id="same-request"))
+    assert code == grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_a_batch_reports_each_item_and_one_bad_item_does_not_fail_it(
+    cluster: Cluster,
+) -> None:
+    c = await cluster.client("acme")
+    items = await c.submit_many(
+        [
+            job_spec("h", {"i": 0}, request_id="b0"),
+            job_spec("h", {"i": 1}, request_id="b1", priority=12),
+            job_spec("bad handler!", {}, request_id="b2"),
+            job_spec("h", {"i": 0}, request_id="b0"),
+            common_pb2.JobSpec(handler="h", payload=b"{not json", request_id="b4"),
+        ]
+    )
+    assert [i.index for i in items] == [0, 1, 2, 3, 4]
+    assert items[0].job_id and items[0].state == common_pb2.JOB_STATE_READY
+    assert (items[1].error.code, items[1].error.field) == (3, "job.priority")
+    assert (items[2].error.code, items[2].error.field) == (3, "job.handler")
+    assert items[3].deduplicated and items[3].job_id == items[0].job_id
+    assert (items[4].error.code, items[4].error.field) == (3, "job.payload")
+
+
+async def test_a_tenant_cannot_see_or_touch_another_tenants_jobs(cluster: Cluster) -> None:
+    a, b = await cluster.client("alpha"), await cluster.client("bravo")
+    job = await a.submit("h", {})
+    assert await code_of(b.get(job.job_id)) == grpc.StatusCode.NOT_FOUND
+    assert await code_of(b.cancel(job.job_id)) == grpc.StatusCode.NOT_FOUND
+    listed = await b.list_jobs(common_pb2.JOB_STATE_READY)
+    assert not listed.jobs
+
+    async def watch() -> None:
+        async for _ in b.watch(job.job_id):
+            pass
+
+    assert await code_of(watch()) == grpc.StatusCode.NOT_FOUND
+    nosy = await cluster.client("bravo", tenant_id="alpha")
+    assert await code_of(nosy.get(job.job_id)) == grpc.StatusCode.PERMISSION_DENIED
+    assert (await a.get(job.job_id)).state == common_pb2.JOB_STATE_READY
+
+
+async def test_calls_without_a_valid_token_are_unauthenticated(cluster: Cluster) -> None:
+    async with grpc.aio.insecure_channel(cluster.target) as channel:
+        stub = jobs_pb2_grpc.JobServiceStub(channel)
+        req = jobs_pb2.GetJobRequest(job_id="X")
+        assert await code_of(stub.GetJob(req)) == grpc.StatusCode.UNAUTHENTICATED
+        md = (("authorization", "Bearer sq_nope_nope"),)
+        assert await code_of(stub.GetJob(req, metadata=md)) == grpc.StatusCode.UNAUTHENTICATED
+    tenant = await cluster.client("acme")
+    assert await code_of(tenant.shard_map()) == grpc.StatusCode.PERMISSION_DENIED
+    admin = await cluster.client(None)
+    assert (await admin.shard_map()).slot_count == 16384
+    assert await code_of(admin.submit("h", {})) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_each_tenants_jobs_land_on_the_shard_its_slot_maps_to(
+    database_url: str,
+) -> None:
+    async with running_cluster(database_url, shard_count=3) as cluster:
+        smap = cluster.coordinator.shard_map
+        tenants = [f"tenant-{i}" for i in range(60)]
+        for t in tenants:
+            c = await cluster.client(None, tenant_id=t)
+            await c.submit("h", {})
+        for t in tenants:
+            expected = smap.slots[slot_of(t)]
+            for sid, proc in enumerate(cluster.shards):
+                r = Redis(port=proc.port)
+                has = await r.exists(f"sq:counts:{t}")
+                await r.aclose()
+                assert bool(has) == (sid == expected), (t, sid, expected)
+
+
+async def test_a_down_shard_answers_unavailable_and_others_keep_working(cluster: Cluster) -> None:
+    smap = cluster.coordinator.shard_map
+    tenants = {smap.shard_for(t): t for t in (f"t{i}" for i in range(50))}
+    assert set(tenants) == {0, 1}
+    cluster.shards[0].kill()
+    down, up = await cluster.client(tenants[0]), await cluster.client(tenants[1])
+    assert await code_of(down.submit("h", {})) == grpc.StatusCode.UNAVAILABLE
+    assert (await up.submit("h", {})).job_id
+
+
+async def test_over_quota_or_rate_is_resource_exhausted_with_a_retry_delay(
+    database_url: str,
+) -> None:
+    limits = {"quota": Limits(max_pending=3), "rated": Limits(rate_per_s=5)}
+    async with running_cluster(database_url, tenant_limits=limits) as cluster:
+        q = await cluster.client("quota")
+        for i in range(3):
+            await q.submit("h", {"i": i})
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await q.submit("h", {"i": 3})
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        status = rpc_status.from_call(info.value)
+        assert status is not None
+        retry = error_details_pb2.RetryInfo()
+        assert any(d.Unpack(retry) for d in status.details)
+        assert retry.retry_delay.ToMilliseconds() > 0
+        other = await cluster.client("unlimited")
+        for i in range(20):  # under the default quota: no false refusals
+            await other.submit("h", {"i": i})
+        r = await cluster.client("rated")
+        codes = []
+        for i in range(8):
+            try:
+                await r.submit("h", {"i": i})
+                codes.append("ok")
+            except grpc.aio.AioRpcError as exc:
+                codes.append(exc.code().name)
+        assert codes[:5] == ["ok"] * 5
+        assert "RESOURCE_EXHAUSTED" in codes[5:]
+
+
+async def test_cancel_list_and_watch_follow_the_job(cluster: Cluster) -> None:
+    c = await cluster.client("acme")
+    later = await c.submit("h", {}, delay_ms=3_600_000)
+    listed = await c.list_jobs(common_pb2.JOB_STATE_SCHEDULED)
+    assert [j.job_id for j in listed.jobs] == [later.job_id]
+    cancelled = await c.cancel(later.job_id)
+    assert cancelled.state == common_pb2.JOB_STATE_CANCELLED
+    assert (await c.cancel(later.job_id)).state == common_pb2.JOB_STATE_CANCELLED
+    states = [j.state async for j in c.watch(later.job_id)]
+    assert states == [common_pb2.JOB_STATE_CANCELLED]
+    assert await code_of(c.list_jobs(common_pb2.JOB_STATE_UNSPECIFIED)) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+
+
+async def test_dead_letters_are_listed_and_requeued(cluster: Cluster) -> None:
+    c = await cluster.client("acme")
+    sub = await c.submit("h", {}, max_attempts=1)
+    shard_id = cluster.coordinator.shard_map.shard_for("acme")
+    client, _ = cluster.coordinator.pool.get(shard_id)
+    (claimed,) = await client.claim("w1", 1, 30_000)
+    await client.fail([Failure(claimed.job_id, claimed.fence, claimed.attempt, "boom")])
+    dead = await c.list_dead()
+    assert [(j.job_id, j.last_error) for j in dead.jobs] == [(sub.job_id, "boom")]
+    resp = await c.requeue_dead([sub.job_id, "NOSUCHJOB"])
+    assert (resp.requeued_count, list(resp.not_found_job_ids)) == (1, ["NOSUCHJOB"])
+    assert (await c.get(sub.job_id)).state == common_pb2.JOB_STATE_READY
+    assert await code_of(c.requeue_dead()) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_schedules_are_created_listed_and_deleted(cluster: Cluster) -> None:
+    c = await cluster.client("acme")
+    tpl = job_spec("report.build", {"kind": "daily"})
+    s = await c.create_schedule("daily", "0 6 * * *", tpl, time_zone="Europe/Paris")
+    assert s.next_run_at_unix_ms > 0
+    again = await c.create_schedule("daily", "0 6 * * *", tpl, time_zone="Europe/Paris")
+    assert again.next_run_at_unix_ms == s.next_run_at_unix_ms
+    other = c.create_schedule("daily", "0 7 * * *", tpl)
+    assert await code_of(other) == grpc.StatusCode.ALREADY_EXISTS
+    bad = c.create_schedule("x", "61 * * * *", tpl)
+    assert await code_of(bad) == grpc.StatusCode.INVALID_ARGUMENT
+    assert [x.schedule_id for x in await c.list_schedules()] == ["daily"]
+    await c.delete_schedule("daily")
+    assert await c.list_schedules() == []
+    assert await code_of(c.delete_schedule("daily")) == grpc.StatusCode.NOT_FOUND
+
+
+async def test_health_and_reflection_are_served(cluster: Cluster) -> None:
+    channel = grpc.aio.insecure_channel(cluster.target)
+    resp = await health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service="shardq.v1.JobService")
+    )
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+
+    async def one() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+    names = []
+    async for r in stub.ServerReflectionInfo(one()):
+        names = [s.name for s in r.list_services_response.service]
+    assert "shardq.v1.JobService" in names
+    await channel.close()
+
+
+async def test_a_client_retrying_through_a_coordinator_restart_makes_no_duplicate(
+    cluster: Cluster,
+) -> None:
+    token = await cluster.token_for("acme")
+    client = AsyncClient(cluster.target, token, retry=RetryPolicy(attempts=40, cap_s=0.2))
+    request_ids = [f"restart-{i}" for i in range(150)]
+
+    async def produce() -> list[str]:
+        out = []
+        for rid in request_ids:
+            out.append((await client.submit("h", {"rid": rid}, request_id=rid)).job_id)
+        return out
+
+    producer = asyncio.create_task(produce())
+    await asyncio.sleep(0.1)
+    await cluster.server.stop(0)
+    await cluster.coordinator.stop()
+    await asyncio.sleep(0.3)
+    settings = dataclasses.replace(cluster.settings, listen=cluster.target)
+    server, _, coord, _ = await build_server(settings)
+    await server.start()
+    cluster.server, cluster.coordinator = server, coord
+    job_ids = await asyncio.wait_for(producer, 60)
+    await client.close()
+    assert len(set(job_ids)) == len(request_ids)
+    c = await cluster.client("acme")
+    assert (await c.tenant_stats()).submitted_total == len(request_ids)
