@@ -283,6 +283,13 @@ class ShardClient:
         )
         return [ItemCode(int(c)) for c in codes]
 
+    async def release(self, leases: Sequence[Lease]) -> list[ItemCode]:
+        """Hand jobs back to ready at once, their attempt not counted (graceful shutdown)."""
+        if not leases:
+            return []
+        codes = await self._run("release", [], self._lease_args(leases))
+        return [ItemCode(int(c)) for c in codes]
+
     async def fail(self, failures: Sequence[Failure]) -> list[FailResult]:
         """Record failed attempts: retry after backoff, or dead when attempts are used up."""
         if not failures:

@@ -23,6 +23,7 @@ SCRIPT_NAMES = (
     "ack",
     "fail",
     "reap",
+    "release",
     "cancel",
     "requeue",
     "schedule_upsert",

@@ -216,6 +216,10 @@ class _OneCallPerScript:
         self.clock.advance(LEASE)
         assert await self.shard.reap() == (1, 0)
 
+    async def release(self) -> None:
+        (c,) = await self.shard.claim("w1", 1, LEASE)
+        assert await self.shard.release([Lease(c.job_id, c.fence)]) == [ItemCode.OK]
+
     async def schedule_upsert(self) -> None:
         await self.shard.upsert_schedule("acme", ScheduleSpec("S1", "* * * * *", "h", b"{}"))
 
@@ -236,7 +240,7 @@ class _OneCallPerScript:
 
 ORDER = [
     "enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "promote", "cancel", "reap",
-    "schedule_upsert", "schedule_advance", "schedule_delete", "leader", "leader_release",
+    "release", "schedule_upsert", "schedule_advance", "schedule_delete", "leader", "leader_release",
 ]  # fmt: skip
 
 
