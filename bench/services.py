@@ -1,0 +1,157 @@
+"""Throwaway services for a benchmark run: redis-server and PostgreSQL on free ports.
+
+Standard library only, so that ``bench/run.py`` runs under any Python 3.11+.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _read_reply(f: Any) -> Any:
+    line = f.readline()
+    if not line:
+        raise ConnectionError("redis closed the connection")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        size = int(rest)
+        if size < 0:
+            return None
+        data = f.read(size + 2)[:-2]
+        return data.decode(errors="replace")
+    if kind == b"*":
+        return [_read_reply(f) for _ in range(int(rest))]
+    raise RuntimeError(f"unexpected reply {line!r}")
+
+
+class RedisServer:
+    """``redis-server`` with no persistence, on a free port, in a temporary directory."""
+
+    def __init__(self, binary: str = "redis-server"):
+        self.binary = shutil.which(binary) or binary
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="shardq-bench-redis-")
+        self.args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+            "--daemonize",
+            "no",
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def __enter__(self) -> RedisServer:
+        with open(os.path.join(self.dir, "redis.log"), "wb") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if self.command("PING") == "PONG":
+                    return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server did not start: see {self.dir}/redis.log")
+            time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def command(self, *args: str) -> Any:
+        payload = b"*%d\r\n" % len(args)
+        for arg in args:
+            data = arg.encode()
+            payload += b"$%d\r\n%s\r\n" % (len(data), data)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=30) as s:
+            s.sendall(payload)
+            with s.makefile("rb") as f:
+                return _read_reply(f)
+
+    def info(self, section: str = "server") -> dict[str, str]:
+        text = self.command("INFO", section)
+        return dict(
+            line.split(":", 1) for line in text.splitlines() if ":" in line and line[0] != "#"
+        )
+
+    def flush(self) -> None:
+        self.command("FLUSHALL")
+        self.command("SCRIPT", "FLUSH")
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster (initdb + pg_ctl) on a free port, trust auth.
+
+    As root it runs as the ``postgres`` system user (PostgreSQL refuses to run as root).
+    Default server settings: results are as durable as in a normal install.
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="shardq-bench-pg-")
+        self.data = os.path.join(self.dir, "data")
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self.as_user, *args], check=True, capture_output=True)
+
+    def version(self) -> str:
+        out = subprocess.run(["postgres", "--version"], capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    def __enter__(self) -> PostgresServer:
+        self._run("initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
+        log = os.path.join(self.dir, "postgres.log")
+        self._run("pg_ctl", "-D", self.data, "-o", options, "-l", log, "-w", "start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
