@@ -7,6 +7,7 @@ results) or the shards' Redis; any number of replicas give the same answers.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 from collections.abc import Mapping
@@ -32,6 +33,9 @@ from shard.models import Limits, ShardSettings
 
 log = logging.getLogger("shardq.coordinator")
 
+#: Who the worker token from the environment (``CoordinatorSettings.worker_token``) acts as.
+ENV_WORKER = Principal(role="worker", tenant_id=None, token_id="env")
+
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorSettings:
@@ -45,6 +49,10 @@ class CoordinatorSettings:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
+    #: A worker token given by the deployment (``SHARDQ_WORKER_TOKEN``), accepted besides
+    #: the tokens in the database; empty for none. Lets workers start before anyone has run
+    #: ``shardq tokens create --worker``.
+    worker_token: str = ""
     #: Most jobs in one SubmitJobs call, and IDs in one RequeueDeadJobs call.
     max_batch_jobs: int = 1_000
     #: Limits every tenant gets unless ``tenant_limits`` says otherwise.
@@ -169,10 +177,17 @@ class Coordinator:
         token = bearer_token(context.invocation_metadata())
         if not token:
             raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
+        if self._is_env_worker_token(token):
+            return ENV_WORKER
         principal = await self.tokens.authenticate(token)
         if principal is None:
             raise Unauthenticated("the token is not valid")
         return principal
+
+    def _is_env_worker_token(self, token: str) -> bool:
+        expected = self.settings.worker_token
+        # compare_digest takes the same time wherever the first difference is.
+        return bool(expected) and hmac.compare_digest(token.encode(), expected.encode())
 
     async def tenant_of(
         self,

@@ -90,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--tls-cert-file", "", "PEM certificate chain for gRPC TLS")
     config.add(p, "--tls-key-file", "", "PEM private key for gRPC TLS")
     config.add(p, "--tls-client-ca-file", "", "PEM CA: require client certificates from it")
+    config.add(p, "--worker-token", "", "a worker token accepted besides the database's")
     config.add(p, "--max-pending", 1_000_000, "default per-tenant pending-job quota", int)
     config.add(p, "--rate-per-s", 0.0, "default per-tenant submit rate (0: none)", float)
     config.add(p, "--tenant-limits", "", "JSON per-tenant overrides of the two above")
@@ -112,6 +113,7 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
         tls_client_ca_file=args.tls_client_ca_file,
+        worker_token=args.worker_token,
         default_limits=Limits(max_pending=args.max_pending, rate_per_s=args.rate_per_s),
         tenant_limits=parse_tenant_limits(args.tenant_limits),
         shard=ShardSettings(key_prefix=args.key_prefix, max_payload_bytes=args.max_payload_bytes),

@@ -17,9 +17,11 @@ from redis.asyncio import Redis
 
 from coordinator.client import AsyncClient, RetryPolicy, job_spec
 from coordinator.placement import slot_of
-from coordinator.server import build_server
+from coordinator.server import build_server, parse_args, settings_from
+from coordinator.tokens import Principal
+from shard.errors import Unauthenticated
 from shard.models import Failure, Limits
-from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, workers_pb2, workers_pb2_grpc
 from tests.support.cluster import Cluster, running_cluster
 
 
@@ -264,3 +266,73 @@ async def test_a_client_retrying_through_a_coordinator_restart_makes_no_duplicat
     assert len(set(job_ids)) == len(request_ids)
     c = await cluster.client("acme")
     assert (await c.tenant_stats()).submitted_total == len(request_ids)
+
+
+async def first_assignment(
+    channel: grpc.aio.Channel, token: str, worker_id: str = "w1"
+) -> workers_pb2.Assignment:
+    stub = workers_pb2_grpc.WorkerServiceStub(channel)
+    call = stub.WatchAssignment(
+        workers_pb2.WatchAssignmentRequest(worker_id=worker_id),
+        metadata=(("authorization", f"Bearer {token}"),),
+        timeout=10,
+    )
+    try:
+        first = await call.read()
+        assert first is not grpc.aio.EOF
+        return first  # type: ignore[no-any-return]
+    finally:
+        call.cancel()
+
+
+async def test_the_worker_token_from_the_environment_is_a_worker_and_nothing_more(
+    database_url: str,
+) -> None:
+    secret = "worker-secret-from-a-kubernetes-secret"
+    async with running_cluster(database_url, worker_token=secret) as cluster:
+        async with grpc.aio.insecure_channel(cluster.target) as channel:
+            assignment = await first_assignment(channel, secret)
+            assert sorted(s.shard_id for s in assignment.shards) == [0, 1]
+            for wrong in (secret[:-1], secret + "x", secret.upper()):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await first_assignment(channel, wrong)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # Tokens from the database keep working beside it.
+            _, stored = await cluster.coordinator.tokens.create("worker")
+            assert (await first_assignment(channel, stored, "w2")).map_version >= 1
+            jobs = jobs_pb2_grpc.JobServiceStub(channel)
+            md = (("authorization", f"Bearer {secret}"),)
+            req = jobs_pb2.GetJobRequest(tenant_id="acme", job_id="X")
+            assert await code_of(jobs.GetJob(req, metadata=md)) == grpc.StatusCode.PERMISSION_DENIED
+        principal = await cluster.coordinator.authenticate(FakeContext(f"Bearer {secret}"))
+        assert principal == Principal(role="worker", tenant_id=None, token_id="env")
+
+
+async def test_without_a_worker_token_setting_no_empty_token_is_accepted(
+    cluster: Cluster,
+) -> None:
+    assert cluster.settings.worker_token == ""
+    for header in ("Bearer ", "Bearer", "bearer  "):
+        with pytest.raises(Unauthenticated):
+            await cluster.coordinator.authenticate(FakeContext(header))
+
+
+def test_the_worker_token_comes_from_a_flag_or_shardq_worker_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = ["--database-url", "postgresql://db/shardq"]
+    assert settings_from(parse_args(url)).worker_token == ""
+    assert settings_from(parse_args([*url, "--worker-token", "abc"])).worker_token == "abc"
+    monkeypatch.setenv("SHARDQ_WORKER_TOKEN", "from-env")
+    assert settings_from(parse_args(url)).worker_token == "from-env"
+
+
+class FakeContext:
+    """Just enough of a ServicerContext for Coordinator.authenticate."""
+
+    def __init__(self, authorization: str) -> None:
+        self._md = (("authorization", authorization),)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._md
+
