@@ -1,5 +1,5 @@
 """A real cluster in the test process: redis-server shards, a migrated Postgres database, the
-shard map, tokens, and a gRPC coordinator on a free port."""
+shard map, tokens, and a gRPC coordinator on a free port (and more replicas on demand)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health
+from sqlalchemy import text
 
 from coordinator.app import Coordinator, CoordinatorSettings
 from coordinator.client import AsyncClient, RetryPolicy
@@ -56,11 +57,59 @@ class Cluster:
         await asyncio.gather(*(c.close() for c in self._clients))
         self._clients.clear()
 
+    @asynccontextmanager
+    async def replica(self) -> AsyncIterator[Replica]:
+        """Another coordinator on the same database and shards, on a port of its own."""
+        server, port, coord, _ = await build_server(self.settings)
+        await server.start()
+        try:
+            await wait_until_listening(coord, 2)
+            yield Replica(server, port, coord)
+        finally:
+            await server.stop(0)
+            await coord.stop()
+
+    def add_shard_process(self) -> RedisProcess:
+        """A new redis-server, stopped with the cluster; add it to the map with sync_shards."""
+        proc = RedisProcess().start()
+        self.shards.append(proc)
+        return proc
+
+
+@dataclass
+class Replica:
+    server: grpc.aio.Server
+    port: int
+    coordinator: Coordinator
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+async def wait_until_listening(coord: Coordinator, listeners: int, timeout_s: float = 5.0) -> None:
+    """Wait until ``listeners`` connections of the database LISTEN for shard-map changes.
+
+    A coordinator stopped while its follower is still opening that connection can leak it
+    (a ResourceWarning in a later test); a cluster is "up" once it listens.
+    """
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND query ILIKE 'LISTEN %'"
+    )
+    async with asyncio.timeout(timeout_s):
+        while True:
+            async with coord.engine.connect() as conn:
+                if (await conn.execute(query)).scalar_one() >= listeners:
+                    return
+            await asyncio.sleep(0.02)
+
 
 @asynccontextmanager
 async def running_cluster(
     database_url: str, shard_count: int = 2, **settings: Any
 ) -> AsyncIterator[Cluster]:
+    # The cluster keeps this list: shards added later (add_shard_process) are cleaned up too.
     shards = [RedisProcess().start() for _ in range(shard_count)]
     try:
         await asyncio.to_thread(upgrade, database_url)
@@ -81,6 +130,7 @@ async def running_cluster(
             shards, database_url, cs, server, port, coord, health_servicer, admin_token
         )
         try:
+            await wait_until_listening(coord, 1)
             yield cluster
         finally:
             await cluster.close_clients()
