@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError, Message
 
 from coordinator import convert
 from coordinator.app import Coordinator
 from coordinator.assignment import assign
-from coordinator.errors import Ctx, abort, item_code, translate
+from coordinator.errors import Ctx, abort, item_code, shorten, translate
 from shard import validation
 from shard.client import raise_for_enqueue
 from shard.errors import AlreadyExists, InvalidArgument, ItemCode, NotFound, ShardqError
@@ -33,8 +35,76 @@ from shardq.v1 import (
     workers_pb2_grpc,
 )
 
+#: Most bytes of jobs or schedules in one page of a listing: under the 4 MiB a gRPC client
+#: accepts by default (a page of 100 jobs of 1 MiB payloads would be refused by the client).
+#: A listing sends fewer items than page_size rather than go over it.
+MAX_PAGE_BYTES = 3 * 1024 * 1024
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+
+
+class Malformed:
+    """What a request that does not parse as its message type is handed to the servicer as
+    (by :func:`add_services`), so the call ends INVALID_ARGUMENT. gRPC itself would answer
+    UNKNOWN for a deserializer's exception: bytes that are not protobuf, or a string field
+    that is not UTF-8 (which clients in other languages can send)."""
+
+    def __init__(self, type_name: str, error: str) -> None:
+        self.type_name = type_name
+        self.error = error
+
+    def check(self) -> None:
+        raise InvalidArgument(f"the request is not a valid {self.type_name}: {self.error}")
+
+
+def _parse_or_malformed(message_type: type[Message]) -> Callable[[bytes], Any]:
+    name = message_type.DESCRIPTOR.full_name
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return message_type.FromString(raw)
+        except DecodeError as exc:
+            return Malformed(name, str(exc))
+
+    return deserialize
+
+
+def add_services(server: grpc.aio.Server, coord: Coordinator) -> None:
+    """Register the five shardq.v1 services, like the generated ``add_*_to_server`` functions
+    but with request parsing that cannot end a call as UNKNOWN (see :class:`Malformed`)."""
+    servicers: list[Any] = [
+        JobService(coord),
+        ScheduleService(coord),
+        TenantService(coord),
+        AdminService(coord),
+        WorkerService(coord),
+    ]
+    modules = (jobs_pb2, schedules_pb2, tenants_pb2, admin_pb2, workers_pb2)
+    for servicer, module in zip(servicers, modules, strict=True):
+        service = module.DESCRIPTOR.services_by_name[type(servicer).__name__]
+        handlers = {}
+        for method in service.methods:
+            make = (
+                grpc.unary_stream_rpc_method_handler
+                if method.server_streaming
+                else grpc.unary_unary_rpc_method_handler
+            )
+            handlers[method.name] = make(
+                getattr(servicer, method.name),
+                request_deserializer=_parse_or_malformed(
+                    message_factory.GetMessageClass(method.input_type)
+                ),
+                response_serializer=_serialize,
+            )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+        )
+        server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
 
 
 def unary(
@@ -45,6 +115,8 @@ def unary(
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Req, context: Ctx) -> Resp:
         try:
+            if isinstance(request, Malformed):
+                request.check()
             return await fn(self, request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
@@ -60,6 +132,8 @@ def streaming(
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Req, context: Ctx) -> AsyncIterator[Resp]:
         try:
+            if isinstance(request, Malformed):
+                request.check()
             async for item in fn(self, request, context):
                 yield item
         except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -89,6 +163,21 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if rec.state == "succeeded":
             result = await self.c.result_of(rec.tenant, rec.request_id)
         return convert.job_to_pb(rec, shard_id, result)
+
+    async def _page(
+        self, tenant: str, state: str, page_size: int, page_token: str
+    ) -> tuple[list[common_pb2.Job], str]:
+        """One page of jobs that fits in MAX_PAGE_BYTES: asked again with fewer jobs while
+        it does not, so the page token the shard gives is the right one for what is sent."""
+        shard_id, client, _ = self.c.route(tenant)
+        size = convert.page_size(page_size)
+        while True:
+            page = await client.list_jobs(tenant, state, size, page_token)
+            jobs = [convert.job_to_pb(r, shard_id) for r in page.jobs]
+            total = sum(j.ByteSize() for j in jobs)
+            if total <= MAX_PAGE_BYTES or size == 1:
+                return jobs, page.next_page_token
+            size = max(1, min(size - 1, size * MAX_PAGE_BYTES // total))
 
     @unary
     async def SubmitJob(
@@ -168,14 +257,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument(
                 f"{state} jobs are not listed by state; use GetJob", field="state"
             )
-        shard_id, client, _ = self.c.route(tenant)
-        page = await client.list_jobs(
-            tenant, state, convert.page_size(request.page_size), request.page_token
-        )
-        return jobs_pb2.ListJobsResponse(
-            jobs=[convert.job_to_pb(r, shard_id) for r in page.jobs],
-            next_page_token=page.next_page_token,
-        )
+        jobs, token = await self._page(tenant, state, request.page_size, request.page_token)
+        return jobs_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     @streaming
     async def WatchJob(
@@ -208,14 +291,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.ListDeadJobsRequest, context: Ctx
     ) -> jobs_pb2.ListDeadJobsResponse:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        shard_id, client, _ = self.c.route(tenant)
-        page = await client.list_jobs(
-            tenant, "dead", convert.page_size(request.page_size), request.page_token
-        )
-        return jobs_pb2.ListDeadJobsResponse(
-            jobs=[convert.job_to_pb(r, shard_id) for r in page.jobs],
-            next_page_token=page.next_page_token,
-        )
+        jobs, token = await self._page(tenant, "dead", request.page_size, request.page_token)
+        return jobs_pb2.ListDeadJobsResponse(jobs=jobs, next_page_token=token)
 
     @unary
     async def RequeueDeadJobs(
@@ -253,19 +330,24 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         tenant = await self.c.tenant_of(context, request.tenant_id)
         if not request.HasField("schedule"):
             raise InvalidArgument("required", field="schedule")
-        spec = _prefixed(lambda: convert.schedule_spec(request.schedule), "schedule.")
+        spec = convert.schedule_spec(request.schedule, self.c.settings.shard.max_payload_bytes)
         _, client, _ = self.c.route(tenant)
-        validation.schedule_id(spec.schedule_id, "schedule.schedule_id")
         existing = await client.get_schedule(tenant, spec.schedule_id)
         if existing is not None:
             if not convert.same_schedule(existing, spec):
                 raise AlreadyExists("another schedule has this ID", field="schedule.schedule_id")
             current = next(
-                s
-                for s in await client.list_schedules(tenant)
-                if s.spec.schedule_id == spec.schedule_id
+                (
+                    s
+                    for s in await client.list_schedules(tenant)
+                    if s.spec.schedule_id == spec.schedule_id
+                ),
+                None,
             )
-            return schedules_pb2.CreateScheduleResponse(schedule=convert.schedule_to_pb(current))
+            if current is not None:  # else deleted meanwhile: create it again below
+                return schedules_pb2.CreateScheduleResponse(
+                    schedule=convert.schedule_to_pb(current)
+                )
         created = await _prefixed_async(
             client.upsert_schedule(tenant, spec, self.c.settings.max_schedules_per_tenant),
             "schedule.",
@@ -281,11 +363,10 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         size = convert.page_size(request.page_size)
         offset = _offset(request.page_token)
         schedules = await client.list_schedules(tenant)
-        page = schedules[offset : offset + size]
-        more = offset + size < len(schedules)
+        page = _fit([convert.schedule_to_pb(s) for s in schedules[offset : offset + size]])
+        end = offset + len(page)
         return schedules_pb2.ListSchedulesResponse(
-            schedules=[convert.schedule_to_pb(s) for s in page],
-            next_page_token=str(offset + size) if more else "",
+            schedules=page, next_page_token=str(end) if end < len(schedules) else ""
         )
 
     @unary
@@ -361,9 +442,9 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
             if request.shard_id not in shards:
                 raise NotFound(f"no shard {request.shard_id}", field="shard_id")
             shards = {request.shard_id: shards[request.shard_id]}
+        offset = _offset(request.page_token)
         pairs = [(sid, t) for sid in sorted(shards) for t in await shards[sid].tenants()]
         size = convert.page_size(request.page_size)
-        offset = _offset(request.page_token)
         page = pairs[offset : offset + size]
         stats = [_stats(t, sid, await shards[sid].counts(t)) for sid, t in page]
         return admin_pb2.ListTenantStatsResponse(
@@ -445,7 +526,8 @@ def _job_id(value: str, field: str = "job_id") -> str:
 def _offset(token: str) -> int:
     if not token:
         return 0
-    if not token.isdigit() or len(token) > 9:
+    # isascii: str.isdigit() is also true of "²" and other digits int() refuses.
+    if not (token.isascii() and token.isdigit()) or len(token) > 9:
         raise InvalidArgument("not a token from this listing", field="page_token")
     return int(token)
 
@@ -453,13 +535,31 @@ def _offset(token: str) -> int:
 T = TypeVar("T")
 
 
+M = TypeVar("M", bound=Message)
+
+
+def _fit(items: list[M]) -> list[M]:
+    """The longest head of ``items`` within MAX_PAGE_BYTES (always at least one item)."""
+    total = 0
+    for n, item in enumerate(items):
+        total += item.ByteSize()
+        if total > MAX_PAGE_BYTES and n > 0:
+            return items[:n]
+    return items
+
+
+#: Shard-API argument names that the wire spells differently.
+_WIRE_NAMES = {"run_at_ms": "run_at_unix_ms"}
+
+
 def _prefixed(fn: Callable[[], T], prefix: str = "job.") -> T:
     """Run a check and name the offending field as the request spells it (``job.priority``)."""
     try:
         return fn()
-    except ShardqError as exc:
+    except InvalidArgument as exc:
         if exc.field and not exc.field.startswith(prefix) and "." not in exc.field:
-            raise type(exc)(exc.message, field=prefix + exc.field) from exc
+            name = _WIRE_NAMES.get(exc.field, exc.field)
+            raise InvalidArgument(exc.message, field=prefix + name) from exc
         raise
 
 
@@ -492,5 +592,7 @@ def _item_error(index: int, exc: BaseException) -> jobs_pb2.SubmitJobsItem:
     err = translate(exc)
     return jobs_pb2.SubmitJobsItem(
         index=index,
-        error=common_pb2.ItemError(code=item_code(err), message=str(err), field=err.field or ""),
+        error=common_pb2.ItemError(
+            code=item_code(err), message=shorten(str(err)), field=err.field or ""
+        ),
     )

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
-from shard import validation
+from shard import cron, validation
 from shard.errors import InvalidArgument
 from shard.models import JobRecord, Limits, NewJob, Schedule, ScheduleSpec
 from shardq.v1 import common_pb2, schedules_pb2
@@ -24,15 +25,57 @@ TERMINAL_PB = frozenset(
 )
 
 
+#: Longest cron expression and time zone name accepted (IANA names are under 40 characters).
+MAX_CRON_CHARS = 256
+MAX_TIME_ZONE_CHARS = 64
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def check_json(payload: bytes, field: str = "job.payload") -> bytes:
-    """The payload handed to handlers: a JSON document; empty stands for JSON null."""
+    """The payload handed to handlers: a UTF-8 JSON document; empty stands for JSON null.
+
+    Stricter than ``json.loads(bytes)``, which also takes UTF-16/32, a BOM, lone surrogates
+    encoded in UTF-8 and NaN/Infinity: a handler in any language must be able to read it.
+    """
     if not payload:
         return b"null"
     try:
-        json.loads(payload)
+        json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidArgument(f"not a UTF-8 JSON document ({exc})", field=field) from exc
+    except RecursionError as exc:
+        raise InvalidArgument("not a JSON document: nested too deeply", field=field) from exc
     return payload
+
+
+def check_recurrence(expr: str, time_zone: str) -> None:
+    """A cron expression and time zone that yield a next tick, or InvalidArgument naming one.
+
+    ``shard.cron.check`` alone lets through expressions that never fire (``0 0 31 2 *``) and
+    zone names that are directories of the tz database (``America``) or too long for a file
+    name; those then failed while computing the first tick, as INTERNAL or UNAVAILABLE.
+    """
+    if len(expr) > MAX_CRON_CHARS:
+        raise InvalidArgument(f"longer than {MAX_CRON_CHARS} characters", field="schedule.cron")
+    bad_zone = InvalidArgument(
+        f"{time_zone[:80]!r} is not an IANA time zone", field="schedule.time_zone"
+    )
+    if len(time_zone) > MAX_TIME_ZONE_CHARS or not time_zone.isprintable():
+        raise bad_zone
+    try:
+        cron.zone(time_zone)
+    except (OSError, InvalidArgument) as exc:  # OSError: a directory, a name the OS refuses
+        raise bad_zone from exc
+    try:
+        cron.check(expr, time_zone)
+        cron.next_tick_ms(expr, time_zone, int(time.time() * 1000))
+    except InvalidArgument as exc:
+        raise InvalidArgument(exc.message, field=f"schedule.{exc.field}") from exc
+    except (ValueError, OverflowError) as exc:  # croniter's errors are ValueErrors
+        raise InvalidArgument(f"{expr!r} never fires ({exc})", field="schedule.cron") from exc
 
 
 def _when(spec: common_pb2.JobSpec) -> tuple[int | None, int | None]:
@@ -98,13 +141,23 @@ def job_to_pb(rec: JobRecord, shard_id: int, result: bytes | None = None) -> com
     )
 
 
-def schedule_spec(s: schedules_pb2.Schedule) -> ScheduleSpec:
+def schedule_spec(s: schedules_pb2.Schedule, max_payload: int) -> ScheduleSpec:
+    """The schedule as the shard stores it; raises InvalidArgument naming the field as the
+    request spells it (``schedule.job_template.priority``)."""
     t = s.job_template
+    tpl = "schedule.job_template."
+    validation.schedule_id(s.schedule_id, "schedule.schedule_id")
+    check_recurrence(s.cron, s.time_zone or "UTC")
+    validation.handler(t.handler, tpl + "handler")
+    validation.payload(t.payload, max_payload, tpl + "payload")
+    validation.priority(t.priority, tpl + "priority")
+    validation.int_in_range(t.max_attempts, 0, validation.MAX_ATTEMPTS_LIMIT, tpl + "max_attempts")
+    validation.int_in_range(t.timeout_ms, 0, validation.MAX_TIMEOUT_MS, tpl + "timeout_ms")
     return ScheduleSpec(
         schedule_id=s.schedule_id,
         cron=s.cron,
         handler=t.handler,
-        payload=check_json(t.payload, "schedule.job_template.payload"),
+        payload=check_json(t.payload, tpl + "payload"),
         time_zone=s.time_zone or "UTC",
         priority=t.priority,
         max_attempts=t.max_attempts,

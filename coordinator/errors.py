@@ -50,7 +50,9 @@ def translate(exc: BaseException) -> e.ShardqError:
     """Any exception as the ShardqError a client should see."""
     if isinstance(exc, e.ShardqError):
         return exc
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError | OSError):
+    # Only network errors: another OSError (a file that cannot be opened) is a bug, not a
+    # shard that is down, and must not tell the client to retry.
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError | TimeoutError):
         return e.Unavailable(f"a shard cannot be reached: {exc}")
     if isinstance(exc, RedisResponseError) and str(exc).startswith("OOM"):
         return e.ResourceExhausted("the shard is out of memory", retry_after_ms=5_000)
@@ -66,9 +68,19 @@ def item_code(exc: e.ShardqError) -> int:
     return int(CODES.get(type(exc), grpc.StatusCode.INTERNAL).value[0])
 
 
+#: Longest message sent back. Messages quote the offending value, and a client may send
+#: megabytes: the status travels in trailing metadata, which gRPC clients cap at 8 KiB by
+#: default (over it the client sees an error of its own instead of ours).
+MAX_MESSAGE_CHARS = 1_000
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} chars)"
+
+
 def _status(exc: e.ShardqError) -> status_pb2.Status:
     code = CODES.get(type(exc), grpc.StatusCode.INTERNAL)
-    status = status_pb2.Status(code=int(code.value[0]), message=str(exc))
+    status = status_pb2.Status(code=int(code.value[0]), message=shorten(str(exc)))
     if isinstance(exc, e.ResourceExhausted):
         delay = duration_pb2.Duration()
         delay.FromMilliseconds(exc.retry_after_ms)
@@ -81,7 +93,7 @@ def _status(exc: e.ShardqError) -> status_pb2.Status:
             error_details_pb2.BadRequest(
                 field_violations=[
                     error_details_pb2.BadRequest.FieldViolation(
-                        field=exc.field, description=exc.message
+                        field=shorten(exc.field, 200), description=shorten(exc.message)
                     )
                 ]
             )

@@ -336,3 +336,29 @@ class FakeContext:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._md
 
+
+async def test_pages_of_big_jobs_fit_what_a_grpc_client_accepts(cluster: Cluster) -> None:
+    c = await cluster.client("acme")
+    big = {"blob": "x" * 900_000}
+    submitted = {
+        "scheduled": {(await c.submit("h", big, delay_ms=3_600_000)).job_id for _ in range(5)},
+        "ready": {(await c.submit("h", big)).job_id for _ in range(5)},
+    }
+    for name, state in (
+        ("scheduled", common_pb2.JOB_STATE_SCHEDULED),
+        ("ready", common_pb2.JOB_STATE_READY),
+    ):
+        seen: list[str] = []
+        token = ""
+        while True:  # 100 asked for, about 3 fit in a page under the 4 MiB default
+            page = await c.list_jobs(state, page_size=100, page_token=token)
+            assert 1 <= len(page.jobs) <= 3 and page.ByteSize() < 4 << 20
+            seen += [j.job_id for j in page.jobs]
+            token = page.next_page_token
+            if not token:
+                break
+        assert sorted(seen) == sorted(submitted[name])
+    tpl = job_spec("report", big)
+    for i in range(5):
+        await c.create_schedule(f"s{i}", "0 6 * * *", tpl)
+    assert [s.schedule_id for s in await c.list_schedules()] == [f"s{i}" for i in range(5)]
