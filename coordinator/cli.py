@@ -1,10 +1,14 @@
-"""``shardq``: the operator's command line (schema, shard map, tokens).
+"""``shardq``: the command line for operators (schema, shard map, tokens) and for people
+using the API (submit, get, cancel, watch and list jobs, dead letters, schedules, stats).
 
 Each subcommand is one function registered with :func:`command`, which names its path
 (``("shards", "sync")``) and arguments; :func:`build_parser` builds the argparse tree from the
 table, so adding a subcommand is adding one decorated function in any module imported here.
 Commands that touch Postgres get ``--database-url`` (``SHARDQ_DATABASE_URL``); plain
-``postgresql://`` URLs are accepted. Every listing has ``--json`` for scripts.
+``postgresql://`` URLs are accepted. Commands that call the API get ``--coordinator``
+(``SHARDQ_COORDINATOR``), ``--token`` (``SHARDQ_TOKEN``), ``--tenant``, ``--tls`` and
+``--ca-file``; their errors print one line, ``error: CODE: message``, and exit 1. Every
+command has ``--json`` for scripts (one JSON document on stdout).
 """
 
 from __future__ import annotations
@@ -20,16 +24,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator import db
+from coordinator.client import Client, RetryPolicy, job_spec
+from coordinator.errors import CODES
 from coordinator.migrate import head_revision, upgrade
 from coordinator.placement import SLOT_COUNT, ShardMap
 from coordinator.shardmap import MapNotInitialized, ShardMapStore
 from coordinator.tokens import TokenStore
 from shard import config
-from shard.errors import ShardqError
+from shard.errors import InvalidArgument, ShardqError, Unauthenticated
+from shardq.v1 import admin_pb2, common_pb2
 
 Handler = Callable[[argparse.Namespace], int | Awaitable[int]]
 
@@ -53,6 +63,8 @@ class Command:
     run: Handler
     args: tuple[Arg, ...] = ()
     needs_database: bool = True
+    #: Calls the coordinator's API: gets the connection options, errors as gRPC codes.
+    calls_api: bool = False
 
 
 #: Every subcommand, in the order ``--help`` lists them.
@@ -61,16 +73,27 @@ COMMANDS: list[Command] = []
 GROUPS: dict[tuple[str, ...], str] = {
     ("shards",): "the shard map: shards, weights, slots and pins",
     ("tokens",): "bearer tokens for tenants, admins and workers",
+    ("jobs",): "a tenant's jobs",
+    ("dead",): "a tenant's dead-letter set",
+    ("schedules",): "a tenant's recurring schedules",
 }
 
 
 def command(
-    *path: str, help: str, args: Sequence[Arg] = (), needs_database: bool = True
+    *path: str,
+    help: str,
+    args: Sequence[Arg] = (),
+    needs_database: bool = True,
+    calls_api: bool = False,
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as ``shardq <path...>``; it returns the exit code."""
 
     def register(run: Handler) -> Handler:
-        COMMANDS.append(Command(tuple(path), help, run, tuple(args), needs_database))
+        COMMANDS.append(
+            Command(
+                tuple(path), help, run, tuple(args), needs_database and not calls_api, calls_api
+            )
+        )
         return run
 
     return register
@@ -89,11 +112,27 @@ def _database_parent() -> argparse.ArgumentParser:
     return parent
 
 
+def _api_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    config.add(parent, "--coordinator", "127.0.0.1:50051", "the coordinator's host:port")
+    config.add(parent, "--token", "", "bearer token (a tenant's, or the admin token)")
+    parent.add_argument(
+        "--tenant", default="", help="tenant to act on (required with the admin token)"
+    )
+    parent.add_argument("--tls", action="store_true", help="connect with TLS (system CAs)")
+    parent.add_argument("--ca-file", default="", help="PEM CA to verify the server (implies TLS)")
+    parent.add_argument("--json", action="store_true", help="print one JSON document")
+    return parent
+
+
 def build_parser(commands: Sequence[Command] | None = None) -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
-        prog="shardq", description="shardq operator commands: schema, shard map, tokens"
+        prog="shardq",
+        description="shardq: jobs, dead letters, schedules and stats through the API; "
+        "schema, shard map and tokens in the database",
     )
     database = _database_parent()
+    api = _api_parent()
     groups: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {
         (): root.add_subparsers(dest="command", metavar="COMMAND", required=True)
     }
@@ -110,11 +149,12 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
             cmd.path[-1],
             help=cmd.help,
             description=cmd.help,
-            parents=[database] if cmd.needs_database else [],
+            parents=[database] if cmd.needs_database else [api] if cmd.calls_api else [],
         )
         for a in cmd.args:
             parser.add_argument(*a.flags, **a.options)
-        parser.set_defaults(handler=cmd.run)
+        # Not "handler": that is an argument of submit and schedules create.
+        parser.set_defaults(run_command=cmd.run, calls_api=cmd.calls_api)
     return root
 
 
@@ -158,13 +198,32 @@ def _describe(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        result = args.handler(args)
+        result = args.run_command(args)
         if inspect.isawaitable(result):
             result = asyncio.run(_await(result))
         return int(result)
-    except (CommandError, ShardqError, ValueError, OperationalError, ProgrammingError) as exc:
-        print(f"shardq: error: {_describe(exc)}", file=sys.stderr)
+    except grpc.RpcError as exc:
+        code, details = _rpc_error(exc)
+        print(f"error: {code}: {details}", file=sys.stderr)
         return 1
+    except (CommandError, ShardqError, ValueError, OperationalError, ProgrammingError) as exc:
+        if getattr(args, "calls_api", False):
+            status = CODES.get(type(exc)) if isinstance(exc, ShardqError) else None
+            code = (status or grpc.StatusCode.INVALID_ARGUMENT).name
+            print(f"error: {code}: {exc}", file=sys.stderr)
+        else:
+            print(f"shardq: error: {_describe(exc)}", file=sys.stderr)
+        return 1
+
+
+def _rpc_error(exc: grpc.RpcError) -> tuple[str, str]:
+    if isinstance(exc, grpc.aio.AioRpcError | grpc.Call):
+        code, details = exc.code(), exc.details()
+    else:
+        code, details = None, None
+    # One line: a connection failure's details can span several.
+    text = " ".join(str(details or exc).split())
+    return (code.name if code is not None else "UNKNOWN"), text
 
 
 async def _await(result: Awaitable[int]) -> int:
@@ -477,6 +536,449 @@ async def tokens_list(args: argparse.Namespace) -> int:
             for t in found
         ],
     )
+    return 0
+
+
+# -- the API: jobs, dead letters, schedules, stats ---------------------------------------------
+
+STATE_NAMES = {
+    "scheduled": common_pb2.JOB_STATE_SCHEDULED,
+    "ready": common_pb2.JOB_STATE_READY,
+    "active": common_pb2.JOB_STATE_ACTIVE,
+    "dead": common_pb2.JOB_STATE_DEAD,
+}
+_PAGE_ARGS = (
+    arg("--page-size", type=int, default=0, help="most items (server default 100, max 1000)"),
+    arg("--page-token", default="", help="next_page_token of the previous page"),
+)
+
+
+def api_client(args: argparse.Namespace) -> Client:
+    """A blocking client from the connection options (close it after use)."""
+    if not args.token:
+        raise Unauthenticated("no token: pass --token or set SHARDQ_TOKEN")
+    root = None
+    if args.ca_file:
+        try:
+            with open(args.ca_file, "rb") as f:
+                root = f.read()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read {args.ca_file}: {exc}", field="ca_file") from exc
+    return Client(
+        args.coordinator,
+        args.token,
+        tls=bool(args.tls or root),
+        root_certificates=root,
+        tenant_id=args.tenant,
+        retry=RetryPolicy(attempts=3, cap_s=0.5),
+    )
+
+
+def _when(ms: int) -> str:
+    return f"{datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%SZ}" if ms else "-"
+
+
+def state_name(state: int) -> str:
+    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()  # type: ignore[arg-type]
+
+
+def _json_value(raw: bytes) -> Any:
+    """A payload or result as the JSON it holds (its text when it is not JSON)."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+
+
+def message_dict(msg: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(
+        msg, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+    )
+
+
+def job_dict(job: common_pb2.Job) -> dict[str, Any]:
+    out = message_dict(job)
+    out["state"] = state_name(job.state)
+    out["payload"] = _json_value(job.payload)
+    out["result"] = _json_value(job.result)
+    return out
+
+
+def print_job(job: common_pb2.Job) -> None:
+    rows: list[tuple[str, object]] = [
+        ("job_id", job.job_id),
+        ("tenant", job.tenant_id),
+        ("state", state_name(job.state) + (" (cancel requested)" if job.cancel_requested else "")),
+        ("handler", job.handler),
+        ("priority", job.priority),
+        ("attempts", f"{job.attempts} of {job.max_attempts}"),
+        ("run_at", _when(job.run_at_unix_ms)),
+        ("created_at", _when(job.created_at_unix_ms)),
+        ("started_at", _when(job.started_at_unix_ms)),
+        ("finished_at", _when(job.finished_at_unix_ms)),
+        ("worker", job.worker_id or "-"),
+        ("request_id", job.request_id),
+        ("shard", job.shard_id),
+        ("payload", job.payload.decode("utf-8", "replace")),
+    ]
+    if job.last_error:
+        rows.append(("last_error", job.last_error))
+    if job.result:
+        rows.append(("result", job.result.decode("utf-8", "replace")))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key.ljust(width)}  {value}")
+
+
+def print_jobs(jobs: Sequence[common_pb2.Job], next_page_token: str, dead: bool = False) -> None:
+    headers = ["JOB_ID", "STATE", "HANDLER", "PRIO", "ATTEMPTS", "RUN_AT", "CREATED"]
+    rows: list[list[object]] = [
+        [
+            j.job_id,
+            state_name(j.state),
+            j.handler,
+            j.priority,
+            f"{j.attempts}/{j.max_attempts}",
+            _when(j.run_at_unix_ms),
+            _when(j.created_at_unix_ms),
+        ]
+        for j in jobs
+    ]
+    if dead:
+        headers.append("LAST_ERROR")
+        for row, j in zip(rows, jobs, strict=True):
+            row.append(" ".join(j.last_error.split())[:60])
+    print_table(headers, rows)
+    if next_page_token:
+        print(f"\nmore: --page-token {next_page_token}")
+
+
+def _payload_arg(text: str | None, what: str = "PAYLOAD_JSON") -> bytes:
+    if text is None:
+        return b""
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"not JSON ({exc})", field=what) from exc
+    return text.encode()
+
+
+@command(
+    "submit",
+    help="submit a job",
+    calls_api=True,
+    args=(
+        arg("handler", metavar="HANDLER"),
+        arg("payload", metavar="PAYLOAD_JSON", nargs="?", help="JSON handed to the handler"),
+        arg("--priority", type=int, default=0, help="0 to 9, 9 most urgent (default 0)"),
+        arg("--delay-ms", type=int, help="run this many ms from now"),
+        arg("--run-at-ms", type=int, help="run at this unix time in ms"),
+        arg("--max-attempts", type=int, default=0, help="attempts before dead (server default)"),
+        arg("--request-id", help="idempotency key (default: a new one)"),
+    ),
+)
+def submit(args: argparse.Namespace) -> int:
+    if args.delay_ms is not None and args.run_at_ms is not None:
+        raise InvalidArgument("give --delay-ms or --run-at-ms, not both", field="delay_ms")
+    payload = _payload_arg(args.payload)
+    with api_client(args) as client:
+        sub = client.submit(
+            args.handler,
+            payload,
+            request_id=args.request_id,
+            priority=args.priority,
+            delay_ms=args.delay_ms,
+            run_at_ms=args.run_at_ms,
+            max_attempts=args.max_attempts,
+        )
+    if args.json:
+        print_json({"job": job_dict(sub.job), "deduplicated": sub.deduplicated})
+    else:
+        note = " (deduplicated: this request_id was submitted before)" if sub.deduplicated else ""
+        print(f"{sub.job_id}  {state_name(sub.job.state)}{note}")
+    return 0
+
+
+@command("get", help="show one job", calls_api=True, args=(arg("job_id", metavar="JOB_ID"),))
+def get(args: argparse.Namespace) -> int:
+    with api_client(args) as client:
+        job = client.get(args.job_id)
+    if args.json:
+        print_json(job_dict(job))
+    else:
+        print_job(job)
+    return 0
+
+
+@command(
+    "cancel",
+    help="cancel a job (an active one finishes its attempt, then ends cancelled)",
+    calls_api=True,
+    args=(arg("job_id", metavar="JOB_ID"),),
+)
+def cancel(args: argparse.Namespace) -> int:
+    with api_client(args) as client:
+        job = client.cancel(args.job_id)
+    if args.json:
+        print_json(job_dict(job))
+    elif job.cancel_requested and job.state != common_pb2.JOB_STATE_CANCELLED:
+        print(f"{job.job_id}  cancel requested: it is active and ends cancelled")
+    else:
+        print(f"{job.job_id}  {state_name(job.state)}")
+    return 0
+
+
+@command(
+    "watch",
+    help="follow a job until it succeeds, dies or is cancelled (a line per change)",
+    calls_api=True,
+    args=(arg("job_id", metavar="JOB_ID"),),
+)
+def watch(args: argparse.Namespace) -> int:
+    updates = []
+    with api_client(args) as client:
+        for job in client.watch(args.job_id):
+            updates.append(job)
+            if not args.json:
+                error = f"  {' '.join(job.last_error.split())[:80]}" if job.last_error else ""
+                print(
+                    f"{datetime.now(UTC):%H:%M:%S}  {state_name(job.state):<9}  "
+                    f"attempt {job.attempts}/{job.max_attempts}{error}",
+                    flush=True,
+                )
+    if args.json:
+        print_json([job_dict(j) for j in updates])
+    return 0
+
+
+@command(
+    "jobs",
+    "list",
+    help="list a page of the tenant's jobs in one state",
+    calls_api=True,
+    args=(arg("--state", required=True, choices=sorted(STATE_NAMES)), *_PAGE_ARGS),
+)
+def jobs_list(args: argparse.Namespace) -> int:
+    with api_client(args) as client:
+        page = client.list_jobs(STATE_NAMES[args.state], args.page_size, args.page_token)
+    if args.json:
+        print_json(
+            {"jobs": [job_dict(j) for j in page.jobs], "next_page_token": page.next_page_token}
+        )
+    else:
+        print_jobs(page.jobs, page.next_page_token)
+    return 0
+
+
+@command(
+    "dead",
+    "list",
+    help="list a page of the tenant's dead jobs, most recently dead first",
+    calls_api=True,
+    args=_PAGE_ARGS,
+)
+def dead_list(args: argparse.Namespace) -> int:
+    with api_client(args) as client:
+        page = client.list_dead(args.page_size, args.page_token)
+    if args.json:
+        print_json(
+            {"jobs": [job_dict(j) for j in page.jobs], "next_page_token": page.next_page_token}
+        )
+    else:
+        print_jobs(page.jobs, page.next_page_token, dead=True)
+    return 0
+
+
+@command(
+    "dead",
+    "requeue",
+    help="move dead jobs back to ready with fresh attempts",
+    calls_api=True,
+    args=(
+        arg("job_ids", metavar="JOB_ID", nargs="*", help="dead jobs to requeue"),
+        arg("--all", action="store_true", help="every dead job of the tenant"),
+    ),
+)
+def dead_requeue(args: argparse.Namespace) -> int:
+    if bool(args.job_ids) == args.all:
+        raise InvalidArgument("give JOB_IDs or --all", field="job_ids")
+    with api_client(args) as client:
+        resp = client.requeue_dead(args.job_ids, all=args.all)
+    if args.json:
+        print_json(message_dict(resp))
+    else:
+        print(f"requeued {resp.requeued_count}")
+        if resp.not_found_job_ids:
+            print(f"not dead or unknown: {' '.join(resp.not_found_job_ids)}")
+    return 0
+
+
+@command(
+    "schedules",
+    "create",
+    help="create a recurring schedule (the same definition again is a no-op)",
+    calls_api=True,
+    args=(
+        arg("schedule_id", metavar="ID"),
+        arg("cron", metavar="CRON", help='5-field cron expression, e.g. "0 6 * * *"'),
+        arg("handler", metavar="HANDLER"),
+        arg("payload", metavar="PAYLOAD", nargs="?", help="JSON handed to each job"),
+        arg("--tz", default="UTC", help="IANA time zone of the cron expression (default UTC)"),
+        arg("--priority", type=int, default=0, help="priority of each job (0 to 9)"),
+    ),
+)
+def schedules_create(args: argparse.Namespace) -> int:
+    template = job_spec(args.handler, _payload_arg(args.payload, "PAYLOAD"), priority=args.priority)
+    template.ClearField("request_id")  # each tick gets its own
+    with api_client(args) as client:
+        sched = client.create_schedule(args.schedule_id, args.cron, template, args.tz)
+    if args.json:
+        print_json(schedule_dict(sched))
+    else:
+        print(f"schedule {sched.schedule_id}: next run at {_when(sched.next_run_at_unix_ms)}")
+    return 0
+
+
+def schedule_dict(s: Any) -> dict[str, Any]:
+    out = message_dict(s)
+    out["job_template"]["payload"] = _json_value(s.job_template.payload)
+    return out
+
+
+@command("schedules", "list", help="list the tenant's schedules", calls_api=True)
+def schedules_list(args: argparse.Namespace) -> int:
+    with api_client(args) as client:
+        found = client.list_schedules()
+    if args.json:
+        print_json([schedule_dict(s) for s in found])
+        return 0
+    print_table(
+        ["ID", "CRON", "TIME_ZONE", "HANDLER", "NEXT_RUN"],
+        [
+            [
+                s.schedule_id,
+                s.cron,
+                s.time_zone,
+                s.job_template.handler,
+                _when(s.next_run_at_unix_ms),
+            ]
+            for s in found
+        ],
+    )
+    return 0
+
+
+@command(
+    "schedules",
+    "delete",
+    help="delete a schedule (jobs it created stay)",
+    calls_api=True,
+    args=(arg("schedule_id", metavar="ID"),),
+)
+def schedules_delete(args: argparse.Namespace) -> int:
+    with api_client(args) as client:
+        client.delete_schedule(args.schedule_id)
+    if args.json:
+        print_json({"deleted": args.schedule_id})
+    else:
+        print(f"deleted schedule {args.schedule_id}")
+    return 0
+
+
+_STATS_HEADERS = [
+    "TENANT", "SHARD", "SCHEDULED", "READY", "ACTIVE", "DEAD", "SUBMITTED", "COMPLETED", "FAILED",
+]  # fmt: skip
+
+
+def _stats_row(t: common_pb2.TenantStats) -> list[object]:
+    return [
+        t.tenant_id, t.shard_id, t.scheduled, t.ready, t.active, t.dead,
+        t.submitted_total, t.completed_total, t.failed_total,
+    ]  # fmt: skip
+
+
+@command(
+    "stats",
+    help="a tenant's queue depths and totals (admin: --all for every tenant)",
+    calls_api=True,
+    args=(
+        arg("tenant_id", metavar="TENANT", nargs="?", help="tenant (default: the token's)"),
+        arg("--all", action="store_true", help="every tenant of every shard (admin token)"),
+    ),
+)
+def stats(args: argparse.Namespace) -> int:
+    if args.tenant_id:
+        args.tenant = args.tenant_id
+    with api_client(args) as client:
+        if args.all:
+            found: list[common_pb2.TenantStats] = []
+            token = ""
+            while True:
+                page = client.list_tenant_stats(page_size=1000, page_token=token)
+                found += page.tenants
+                token = page.next_page_token
+                if not token:
+                    break
+        else:
+            found = [client.tenant_stats()]
+    if args.json:
+        docs = [message_dict(t) for t in found]
+        print_json(docs if args.all else docs[0])
+    else:
+        print_table(_STATS_HEADERS, [_stats_row(t) for t in found])
+    return 0
+
+
+def shard_map_dict(m: admin_pb2.ShardMap) -> dict[str, Any]:
+    out = message_dict(m)
+    for shard in out["shards"]:
+        shard["state"] = shard["state"].removeprefix("SHARD_STATE_").lower()
+    return out
+
+
+@command(
+    "shards",
+    "map",
+    help="the shard map as the coordinator serves it (admin token)",
+    calls_api=True,
+)
+def shards_map(args: argparse.Namespace) -> int:
+    with api_client(args) as client:
+        m = client.shard_map()
+    if args.json:
+        print_json(shard_map_dict(m))
+        return 0
+    slots: dict[int, int] = {}
+    for r in m.slot_ranges:
+        slots[r.shard_id] = slots.get(r.shard_id, 0) + r.end_slot - r.start_slot + 1
+    print(f"shard map version {m.version} ({m.slot_count} slots)\n")
+    print_table(
+        ["SHARD", "ADDRESS", "WEIGHT", "STATE", "SLOTS"],
+        [
+            [
+                s.shard_id,
+                s.address,
+                s.weight,
+                admin_pb2.ShardState.Name(s.state).removeprefix("SHARD_STATE_").lower(),
+                slots.get(s.shard_id, 0),
+            ]
+            for s in m.shards
+        ],
+    )
+    if m.pins:
+        print("\npins:")
+        print_table(["TENANT", "SHARD"], [[p.tenant_id, p.shard_id] for p in m.pins])
+    if m.moves_in_progress:
+        print("\nmoves in progress:")
+        print_table(
+            ["TENANT", "FROM", "TO", "STARTED"],
+            [
+                [mv.tenant_id, mv.from_shard_id, mv.to_shard_id, _when(mv.started_at_unix_ms)]
+                for mv in m.moves_in_progress
+            ],
+        )
     return 0
 
 
