@@ -1,0 +1,105 @@
+"""``shardq-worker``: run handlers from a module on the shards the coordinator assigns."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from shard import config
+from shard.models import ShardSettings
+from shard.ops_http import OpsServer
+from worker import handlers as handler_registry
+from worker.metrics import WorkerMetrics
+from worker.runtime import Worker, serve
+from worker.settings import WorkerSettings, default_worker_id
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="shardq-worker", description=__doc__)
+    config.add(p, "--handlers", "", "module(s) with @handler functions, comma-separated")
+    config.add(p, "--coordinator", "", "coordinator host:port for shard assignment")
+    config.add(p, "--worker-token", "", "token for the coordinator's WorkerService")
+    config.add(p, "--tls-ca-file", "", "PEM CA to trust the coordinator's TLS certificate")
+    config.add(p, "--shards", "", "static shards instead: 0=host:port,1=host:port")
+    config.add(p, "--database-url", "", "Postgres for result rows")
+    config.add(p, "--redis-password", "", "password of the shards' Redis")
+    config.add(p, "--key-prefix", "shardq", "prefix of every Redis key")
+    config.add(p, "--concurrency", 16, "handlers running at once", int)
+    config.add(p, "--lease-ms", 30_000, "lease per claim; heartbeats every third", int)
+    config.add(p, "--drain-grace-s", 30.0, "time in-flight jobs get on SIGTERM", float)
+    config.add(p, "--process-pool-size", 0, "processes for cpu_bound handlers", int)
+    config.add(p, "--worker-id", default_worker_id(), "this worker's name")
+    config.add(p, "--metrics-port", 9092, "HTTP port for /metrics and /healthz (-1: off)", int)
+    config.add(p, "--log-level", "INFO", "logging level")
+    return p.parse_args(argv)
+
+
+def parse_shards(raw: str) -> dict[int, str]:
+    out = {}
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        sid, _, address = item.partition("=")
+        if not address:
+            raise SystemExit(f"shardq-worker: --shards entry {item!r} is not ID=host:port")
+        out[int(sid)] = address
+    return out
+
+
+async def run(args: argparse.Namespace) -> None:
+    if not args.database_url:
+        raise SystemExit("shardq-worker: --database-url (SHARDQ_DATABASE_URL) is required")
+    specs = handler_registry.load(args.handlers)
+    if not specs:
+        raise SystemExit("shardq-worker: no handlers (give --handlers MODULE)")
+    settings = WorkerSettings(
+        database_url=args.database_url,
+        concurrency=args.concurrency,
+        lease_ms=args.lease_ms,
+        drain_grace_s=args.drain_grace_s,
+        redis_password=args.redis_password,
+        process_pool_size=args.process_pool_size,
+        worker_id=args.worker_id,
+        shard=ShardSettings(key_prefix=args.key_prefix),
+    )
+    metrics = WorkerMetrics()
+    worker = Worker(settings, specs, metrics)
+    ops = None
+    if args.metrics_port >= 0:
+        ops = OpsServer(
+            metrics.registry,
+            lambda: (True, {"worker_id": settings.worker_id, "shards": sorted(worker.shards)}),
+        )
+        await ops.start(args.metrics_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    logging.getLogger("shardq.worker").info(
+        "worker %s: handlers %s", settings.worker_id, ", ".join(sorted(specs))
+    )
+    try:
+        await serve(
+            worker,
+            shards=parse_shards(args.shards) if args.shards else None,
+            coordinator=args.coordinator,
+            token=args.worker_token,
+            ca_file=args.tls_ca_file,
+            stop=stop,
+        )
+    finally:
+        if ops is not None:
+            await ops.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format='{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

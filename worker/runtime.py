@@ -1,0 +1,495 @@
+"""The worker: claims jobs from its shards, runs handlers, records results, acks in batches.
+
+Flow per job: claim (a batch, up to free slots) → skip if its result row exists → run the
+handler → queue the outcome → the recorder writes many rows in one transaction → one ack (or
+fail) call per shard for the batch. A job is acked only after its row is committed; if
+Postgres is down the recorder retries while the heartbeat thread keeps the leases alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy.exc
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.orm import sessionmaker
+
+from coordinator import db
+from coordinator.app import redis_for
+from shard.client import ShardClient
+from shard.errors import ItemCode
+from shard.models import ClaimedJob, Failure, Lease
+from worker.assignment import follow
+from worker.context import Context, make_context
+from worker.handlers import HandlerSpec, PermanentFailure, RetryLater
+from worker.heartbeat import Heartbeater
+from worker.metrics import WorkerMetrics
+from worker.results import ResultRow, ResultStore, to_json, write_in_session, write_in_sync_session
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("shardq.worker")
+DB_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, OSError)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _spawn(coro: Any, name: str) -> asyncio.Task[Any]:
+    """A background task whose crash is logged instead of vanishing with the task."""
+    task = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_log_crash)
+    return task
+
+
+def _log_crash(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s crashed", task.get_name(), exc_info=task.exception())
+
+
+@dataclass
+class Running:
+    shard_id: int
+    address: str
+    job: ClaimedJob
+    started_ms: int
+    task: asyncio.Task[None] | None = None
+    #: Set by the heartbeat thread: STALE_LEASE (lost) or CANCEL_REQUESTED.
+    lost: ItemCode | None = None
+    releasing: bool = False
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.job.job_id, self.job.fence)
+
+
+@dataclass
+class Outcome:
+    run: Running
+    #: success | failure | duplicate (row existed) | release (shutdown) | lost | cancelled
+    kind: str
+    finished_ms: int = field(default_factory=now_ms)
+    result: Any = None
+    error: str = ""
+    retry_at_ms: int | None = None
+    permanent: bool = False
+    #: The row was already committed in the handler's own session.
+    row_written: bool = False
+
+    @property
+    def dies(self) -> bool:
+        j = self.run.job
+        return self.kind == "failure" and (self.permanent or j.attempt >= j.max_attempts)
+
+
+@dataclass
+class ShardHandle:
+    shard_id: int
+    address: str
+    client: ShardClient
+    task: asyncio.Task[None] | None = None
+    active: bool = True
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        handlers: Mapping[str, HandlerSpec],
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.handlers = dict(handlers)
+        self.metrics = metrics or WorkerMetrics()
+        self.engine = db.make_engine(settings.database_url)
+        self.results = ResultStore(self.engine)
+        self._async_sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self._sync_sessions: sessionmaker[Any] | None = None
+        self._threads = ThreadPoolExecutor(settings.thread_pool_size, "shardq-handler")
+        self._procs = (
+            ProcessPoolExecutor(settings.process_pool_size) if settings.process_pool_size else None
+        )
+        self.shards: dict[int, ShardHandle] = {}
+        #: One client per shard address, kept while jobs from it may still need settling.
+        self._clients: dict[str, ShardClient] = {}
+        self.running: dict[tuple[int, str], Running] = {}
+        self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+        #: Slots promised to claims in flight, so concurrent shard loops cannot overshoot.
+        self._reserved = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopping = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._recorder: asyncio.Task[None] | None = None
+        self.heartbeater = Heartbeater(settings.lease_ms, self._new_client, self._lease_lost)
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def _new_client(self, address: str) -> ShardClient:
+        redis: Redis = redis_for(address, self.settings.redis_password)
+        return ShardClient(redis, self.settings.shard)
+
+    def _client(self, address: str) -> ShardClient:
+        if address not in self._clients:
+            self._clients[address] = self._new_client(address)
+        return self._clients[address]
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.heartbeater.start()
+        self._recorder = _spawn(self._record_forever(), "shardq-recorder")
+
+    def set_shards(self, endpoints: Mapping[int, str]) -> None:
+        """Serve exactly these shards (id -> host:port); in-flight jobs elsewhere finish."""
+        for sid, handle in list(self.shards.items()):
+            if endpoints.get(sid) != handle.address:
+                handle.active = False
+                if handle.task:
+                    handle.task.cancel()
+                del self.shards[sid]
+                log.info("stopped claiming from shard %s", sid)
+        for sid, address in endpoints.items():
+            if sid not in self.shards and not self._stopping.is_set():
+                handle = ShardHandle(sid, address, self._client(address))
+                handle.task = _spawn(self._claim_forever(handle), f"shardq-claim-{sid}")
+                self.shards[sid] = handle
+                log.info("claiming from shard %s at %s", sid, address)
+        self.metrics.shards.set(len(self.shards))
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`drain` then finishes or hands back what is in flight."""
+        self._stopping.set()
+        for handle in self.shards.values():
+            if handle.task:
+                handle.task.cancel()
+
+    async def drain(self) -> None:
+        self.stop()
+        tasks = [r.task for r in self.running.values() if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.settings.drain_grace_s)
+        for run in list(self.running.values()):
+            if run.task is not None and not run.task.done():
+                run.releasing = True
+                run.task.cancel()
+        await self._idle.wait()
+        if self._recorder:
+            self._recorder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recorder
+        await self.close()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.heartbeater.stop)
+        self.shards.clear()
+        for client in self._clients.values():
+            await client.redis.aclose()
+        self._clients.clear()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        if self._procs:
+            self._procs.shutdown(wait=False, cancel_futures=True)
+        await self.engine.dispose()
+        self._stopped.set()
+
+    # --- claiming -----------------------------------------------------------------------
+
+    async def _claim_forever(self, shard: ShardHandle) -> None:
+        s = self.settings
+        while shard.active and not self._stopping.is_set():
+            await self._room.wait()
+            want = min(s.concurrency - len(self.running) - self._reserved, s.claim_batch)
+            if want <= 0:
+                self._update_room()
+                continue
+            self._reserved += want
+            try:
+                jobs = await shard.client.claim(s.worker_id, want, s.lease_ms)
+            except RedisError as exc:
+                log.warning("shard %s unavailable: %s", shard.shard_id, exc)
+                await asyncio.sleep(0.5)
+                continue
+            finally:
+                self._reserved -= want
+                self._update_room()
+            if jobs:
+                await self._start_jobs(shard, jobs)
+                continue
+            try:
+                await shard.client.wait_for_work(s.idle_block_s)
+            except RedisError:
+                await asyncio.sleep(0.5)
+
+    async def _start_jobs(self, shard: ShardHandle, jobs: list[ClaimedJob]) -> None:
+        started = now_ms()
+        runs = []
+        for job in jobs:
+            run = Running(shard.shard_id, shard.address, job, started)
+            self.running[(shard.shard_id, job.job_id)] = run
+            self.heartbeater.add(shard.shard_id, shard.address, run.lease)
+            self.metrics.claimed(job, started)
+            runs.append(run)
+        self._idle.clear()
+        self._update_room()
+        done = await self._retry_db(lambda: self.results.already_done(jobs))
+        for run in runs:
+            if (run.job.tenant, run.job.request_id) in done:
+                # Re-delivered after its row was committed: ack without running it again.
+                self._outcomes.put_nowait(Outcome(run, "duplicate"))
+            else:
+                run.task = _spawn(self._execute(run), f"shardq-job-{run.job.job_id}")
+
+    # --- running ------------------------------------------------------------------------
+
+    async def _execute(self, run: Running) -> None:
+        job = run.job
+        spec = self.handlers.get(job.handler)
+        if spec is None:
+            error = f"no handler named {job.handler!r}"
+            self._outcomes.put_nowait(Outcome(run, "failure", error=error, permanent=True))
+            return
+        timeout_s = spec.timeout_s or job.timeout_ms / 1000
+        factory: Any = None
+        if spec.mode == "async":
+            factory = self._async_sessions
+        elif spec.mode == "thread":
+            factory = self._sync_session_factory()
+        ctx = make_context(job, run.shard_id, int(run.started_ms + timeout_s * 1000), factory)
+        try:
+            payload = json.loads(job.payload)
+            value = await asyncio.wait_for(self._call(spec, ctx, payload, run), timeout_s)
+            outcome = Outcome(run, "success", result=to_json(value), row_written=ctx.uses_session)
+        except asyncio.CancelledError:
+            outcome = Outcome(run, _interrupted(run))
+        except Exception as exc:
+            outcome = _failure(run, exc, timeout_s)
+        finally:
+            await _close_session(ctx)
+        if outcome.kind == "failure" and spec.max_attempts and job.attempt >= spec.max_attempts:
+            outcome.permanent = True
+        self._outcomes.put_nowait(outcome)
+
+    async def _call(self, spec: HandlerSpec, ctx: Context, payload: Any, run: Running) -> Any:
+        loop = asyncio.get_running_loop()
+        if spec.mode == "async":
+            value = await spec.fn(ctx, payload)
+            if ctx.uses_session:
+                await write_in_session(ctx.session, self._row(run, "succeeded", to_json(value)))
+            return value
+        if spec.mode == "thread":
+            return await loop.run_in_executor(
+                self._threads, self._call_sync, spec, ctx, payload, run
+            )
+        if self._procs is None:
+            raise RuntimeError("cpu_bound handlers need --process-pool-size > 0")
+        light = {"job_id": ctx.job_id, "tenant_id": ctx.tenant_id, "attempt": ctx.attempt}
+        return await loop.run_in_executor(self._procs, spec.fn, light, payload)
+
+    def _call_sync(self, spec: HandlerSpec, ctx: Context, payload: Any, run: Running) -> Any:
+        value = spec.fn(ctx, payload)
+        if ctx.uses_session:
+            write_in_sync_session(ctx.session, self._row(run, "succeeded", to_json(value)))
+        return value
+
+    def _sync_session_factory(self) -> sessionmaker[Any]:
+        if self._sync_sessions is None:
+            engine = db.make_sync_engine(self.settings.database_url)
+            self._sync_sessions = sessionmaker(engine, expire_on_commit=False)
+        return self._sync_sessions
+
+    def _row(self, run: Running, status: str, result: Any = None, error: str = "") -> ResultRow:
+        return ResultRow(
+            job=run.job,
+            shard_id=run.shard_id,
+            status=status,
+            worker_id=self.settings.worker_id,
+            started_ms=run.started_ms,
+            finished_ms=now_ms(),
+            result=result,
+            error=error or None,
+        )
+
+    def _lease_lost(self, shard_id: int, job_id: str, code: ItemCode) -> None:
+        """Called from the heartbeat thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop_handler, shard_id, job_id, code)
+
+    def _stop_handler(self, shard_id: int, job_id: str, code: ItemCode) -> None:
+        run = self.running.get((shard_id, job_id))
+        if run is None or run.lost is not None:
+            return
+        run.lost = code
+        if code is ItemCode.STALE_LEASE:
+            self.metrics.lease_lost.inc()
+            log.warning("lease lost", extra={"job_id": job_id, "shard": shard_id})
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+
+    # --- recording ----------------------------------------------------------------------
+
+    async def _record_forever(self) -> None:
+        while True:
+            batch = [await self._outcomes.get()]
+            while len(batch) < self.settings.record_batch and not self._outcomes.empty():
+                batch.append(self._outcomes.get_nowait())
+            try:
+                await self._record(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("recording a batch failed; its leases will expire and rerun")
+            finally:
+                for o in batch:
+                    self._finish(o.run)
+
+    async def _record(self, batch: list[Outcome]) -> None:
+        rows = []
+        for o in batch:
+            if o.kind == "success" and o.run.lost is ItemCode.CANCEL_REQUESTED:
+                o.kind = "cancelled"
+            if o.kind == "success" and not o.row_written:
+                rows.append(self._row(o.run, "succeeded", o.result))
+            elif o.kind == "cancelled":
+                rows.append(self._row(o.run, "cancelled", error="cancelled while running"))
+            elif o.dies:
+                rows.append(self._row(o.run, "dead", error=o.error))
+        # Rows first, then acks: a crash in between leaves rows whose jobs get re-delivered
+        # and acked without running (already_done), never an acked job without its row.
+        await self._retry_db(lambda: self.results.write(rows))
+        by_shard: dict[int, dict[str, list[Outcome]]] = defaultdict(lambda: defaultdict(list))
+        for o in batch:
+            by_shard[o.run.shard_id][o.kind].append(o)
+        for shard_id, kinds in by_shard.items():
+            await self._settle(shard_id, kinds)
+
+    async def _settle(self, shard_id: int, kinds: Mapping[str, list[Outcome]]) -> None:
+        # By address, not by assignment: a shard unassigned meanwhile still gets its acks.
+        client = self._client(next(iter(kinds.values()))[0].run.address)
+        done = [*kinds.get("success", []), *kinds.get("duplicate", []), *kinds.get("cancelled", [])]
+        failures = kinds.get("failure", [])
+        released = kinds.get("release", [])
+        try:
+            if done:
+                await client.ack([o.run.lease for o in done])
+            if failures:
+                await client.fail(
+                    [
+                        Failure(
+                            o.run.job.job_id,
+                            o.run.job.fence,
+                            o.run.job.attempt,
+                            o.error,
+                            permanent=o.permanent,
+                            retry_at_ms=o.retry_at_ms,
+                        )
+                        for o in failures
+                    ]
+                )
+            if released:
+                await client.release([o.run.lease for o in released])
+        except RedisError as exc:
+            # Rows are committed; the leases expire and re-delivery acks them (already_done).
+            log.warning("settling on shard %s failed: %s", shard_id, exc)
+        for kind, outcomes in kinds.items():
+            for o in outcomes:
+                self.metrics.finished(o.run.job, kind, o.finished_ms - o.run.started_ms, o.dies)
+
+    def _finish(self, run: Running) -> None:
+        self.running.pop((run.shard_id, run.job.job_id), None)
+        self.heartbeater.remove(run.shard_id, run.job.job_id)
+        self._update_room()
+        if not self.running:
+            self._idle.set()
+
+    def _update_room(self) -> None:
+        """Open the gate for claim loops exactly while a slot is neither taken nor promised."""
+        if len(self.running) + self._reserved < self.settings.concurrency:
+            self._room.set()
+        else:
+            self._room.clear()
+
+    async def _retry_db(self, fn: Any) -> Any:
+        delay = self.settings.db_retry_base_s
+        while True:
+            try:
+                return await fn()
+            except DB_ERRORS as exc:
+                log.warning("database unavailable, retrying in %.1fs: %s", delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.db_retry_cap_s)
+
+
+def _interrupted(run: Running) -> str:
+    """Why a handler was cancelled: shutdown, a cancel of the job, or a lost lease."""
+    if run.releasing:
+        return "release"
+    return "cancelled" if run.lost is ItemCode.CANCEL_REQUESTED else "lost"
+
+
+def _failure(run: Running, exc: Exception, timeout_s: float) -> Outcome:
+    if isinstance(exc, RetryLater):
+        retry_at = now_ms() + int(exc.delay_s * 1000)
+        return Outcome(run, "failure", error=str(exc), retry_at_ms=retry_at)
+    if isinstance(exc, PermanentFailure):
+        return Outcome(run, "failure", error=f"permanent: {exc}", permanent=True)
+    if isinstance(exc, TimeoutError):
+        return Outcome(run, "failure", error=f"timed out after {timeout_s:g}s")
+    return Outcome(run, "failure", error=f"{type(exc).__name__}: {exc}")
+
+
+async def _close_session(ctx: Context) -> None:
+    session = ctx._session
+    if session is None:
+        return
+    close = session.close()
+    if asyncio.iscoroutine(close):
+        await close
+
+
+async def serve(
+    worker: Worker,
+    *,
+    shards: Mapping[int, str] | None = None,
+    coordinator: str = "",
+    token: str = "",
+    ca_file: str = "",
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run ``worker`` on static ``shards`` or the coordinator's assignment until ``stop`` is
+    set, then drain (in-flight jobs finish within the grace period, the rest go back)."""
+    if shards is None and not coordinator:
+        raise ValueError("give static shards or a coordinator address")
+    stop = stop or asyncio.Event()
+    await worker.start()
+    tasks: set[asyncio.Task[Any]] = {asyncio.create_task(stop.wait())}
+    follower: asyncio.Task[None] | None = None
+    if shards is not None:
+        worker.set_shards(shards)
+    else:
+        s = worker.settings
+        follower = asyncio.create_task(
+            follow(coordinator, token, s.worker_id, s.concurrency, worker.set_shards, ca_file)
+        )
+        tasks.add(follower)
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if follower is not None and follower in done:
+            follower.result()  # the coordinator refused the token: stop with that error
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await worker.drain()
