@@ -38,7 +38,7 @@ async def test_jobs_of_several_tenants_end_with_exactly_one_result_row_each(
                     request_id=f"{t}-{n}",
                     priority=n % 10,
                     delay_ms=(n % 3) * 150,
-                )  # fmt: skip
+                )
                 for n in range(30)
             ]
             items = await c.submit_many(specs)
