@@ -18,15 +18,10 @@ from shard import config
 from shard.models import Limits, ShardSettings
 from shardq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     jobs_pb2,
-    jobs_pb2_grpc,
     schedules_pb2,
-    schedules_pb2_grpc,
     tenants_pb2,
-    tenants_pb2_grpc,
     workers_pb2,
-    workers_pb2_grpc,
 )
 
 log = logging.getLogger("shardq.coordinator")
@@ -60,14 +55,13 @@ async def build_server(
         options=[
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.keepalive_permit_without_calls", 1),
+            # Pings find dead peers, e.g. a frozen worker whose assignment stream looks open.
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ]
     )
-    jobs_pb2_grpc.add_JobServiceServicer_to_server(api.JobService(coord), server)
-    schedules_pb2_grpc.add_ScheduleServiceServicer_to_server(api.ScheduleService(coord), server)
-    tenants_pb2_grpc.add_TenantServiceServicer_to_server(api.TenantService(coord), server)
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(api.AdminService(coord), server)
-    workers_pb2_grpc.add_WorkerServiceServicer_to_server(api.WorkerService(coord), server)
+    api.add_services(server, coord)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)

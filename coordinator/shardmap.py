@@ -424,8 +424,11 @@ class ShardMapFollower:
             return None
         try:
             await conn.execute(f"LISTEN {db.MAP_CHANNEL}")
-        except (psycopg.Error, OSError) as exc:
+        except BaseException as exc:
+            # Also on cancellation (a stop while connecting): never leave the connection open.
             await _close_quietly(conn)
+            if not isinstance(exc, psycopg.Error | OSError):
+                raise
             self._log_listen_failure(exc)
             return None
         self._listen_failing = False

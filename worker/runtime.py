@@ -121,6 +121,7 @@ class Worker:
             ProcessPoolExecutor(settings.process_pool_size) if settings.process_pool_size else None
         )
         self.shards: dict[int, ShardHandle] = {}
+        self._starting: set[asyncio.Task[None]] = set()
         #: One client per shard address, kept while jobs from it may still need settling.
         self._clients: dict[str, ShardClient] = {}
         self.running: dict[tuple[int, str], Running] = {}
@@ -179,6 +180,8 @@ class Worker:
 
     async def drain(self) -> None:
         self.stop()
+        if self._starting:
+            await asyncio.wait(self._starting)
         tasks = [r.task for r in self.running.values() if r.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.settings.drain_grace_s)
@@ -226,7 +229,12 @@ class Worker:
                 self._reserved -= want
                 self._update_room()
             if jobs:
-                await self._start_jobs(shard, jobs)
+                # Shielded: a stop() that cancels this loop must not strand claimed jobs
+                # half-started (no handler task, so nothing would ever finish or release them).
+                start = asyncio.create_task(self._start_jobs(shard, jobs))
+                self._starting.add(start)
+                start.add_done_callback(self._starting.discard)
+                await asyncio.shield(start)
                 continue
             try:
                 await shard.client.wait_for_work(s.idle_block_s)

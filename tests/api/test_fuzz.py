@@ -845,11 +845,6 @@ async def test_random_bytes_as_a_request_answer_only_documented_codes(
     assert code in ALLOWED[name] | {C.INVALID_ARGUMENT}, (name, code, body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="coordinator/server.py registers the generated handlers, whose parse errors gRPC "
-    "answers UNKNOWN; build_server should call api.add_services instead",
-)
 async def test_the_served_api_answers_invalid_argument_to_a_request_that_does_not_parse(
     fuzz: Fuzz,
 ) -> None:

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from shard import FakeClock, NewJob, ScheduleSpec, ShardClient, ShardSettings, SystemClock
 from shard.loop import LoopSettings, ShardLoop
-from shard.redis_server import RedisProcess, free_port
+from shard.redis_server import RedisProcess, die_with_parent, free_port
 
 SETTINGS = ShardSettings(key_prefix="sq")
 
@@ -82,7 +82,7 @@ async def test_expired_leases_are_reaped_by_the_loop(redis: Redis, running_loop:
 async def test_a_stopped_leader_releases_its_lease(redis: Redis) -> None:
     loop = ShardLoop(ShardClient(redis, SETTINGS), LoopSettings(leader_ttl_ms=60_000))
     task = asyncio.create_task(loop.run())
-    while loop.role != "leader":  # noqa: ASYNC110 - role is plain state, polled briefly
+    while loop.role != "leader":
         await asyncio.sleep(0.01)
     loop.stop()
     await asyncio.wait_for(task, 10)
@@ -146,7 +146,7 @@ def start_loop_process(redis_url: str, name: str) -> tuple[subprocess.Popen[byte
         "SHARDQ_METRICS_PORT": str(port),
         "SHARDQ_LOG_LEVEL": "WARNING",
     }
-    proc = subprocess.Popen([sys.executable, "-m", "shard"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "shard"], env=env, preexec_fn=die_with_parent)  # noqa: PLW1509
     return proc, port
 
 

@@ -1,0 +1,141 @@
+"""Workers as real processes (for SIGKILL/SIGSTOP/SIGTERM tests), and a TCP proxy that can cut
+a connection to Postgres without stopping the machine's server (other tests share it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from shard.redis_server import die_with_parent, free_port
+from tests.support.cluster import Cluster
+
+
+@dataclass
+class WorkerProcess:
+    worker_id: str
+    proc: subprocess.Popen[bytes]
+    metrics_port: int
+
+    def health(self) -> dict[str, Any] | None:
+        try:
+            url = f"http://127.0.0.1:{self.metrics_port}/healthz"
+            with urllib.request.urlopen(url, timeout=1) as r:
+                body: dict[str, Any] = json.loads(r.read())
+                return body
+        except OSError:
+            return None
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def start_worker(
+    cluster: Cluster, name: str, database_url: str | None = None, **flags: Any
+) -> WorkerProcess:
+    port = free_port()
+    env = {
+        **os.environ,
+        "SHARDQ_HANDLERS": "tests.support.handlers",
+        "SHARDQ_COORDINATOR": cluster.target,
+        "SHARDQ_WORKER_TOKEN": cluster.admin_token,
+        "SHARDQ_DATABASE_URL": database_url or cluster.database_url,
+        "SHARDQ_KEY_PREFIX": cluster.settings.shard.key_prefix,
+        "SHARDQ_WORKER_ID": name,
+        "SHARDQ_METRICS_PORT": str(port),
+        "SHARDQ_LEASE_MS": "1000",
+        "SHARDQ_DRAIN_GRACE_S": "5",
+        "SHARDQ_LOG_LEVEL": os.environ.get("SHARDQ_TEST_WORKER_LOG_LEVEL", "WARNING"),
+    }
+    env.update({f"SHARDQ_{k.upper()}": str(v) for k, v in flags.items()})
+    proc = subprocess.Popen([sys.executable, "-m", "worker"], env=env, preexec_fn=die_with_parent)  # noqa: PLW1509
+    return WorkerProcess(name, proc, port)
+
+
+async def wait_until_serving(w: WorkerProcess, shards: int = 1, timeout_s: float = 20) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        h = await asyncio.to_thread(w.health)
+        if h and len(h.get("shards", [])) >= shards:
+            return
+        assert w.proc.poll() is None, f"worker {w.worker_id} exited with {w.proc.returncode}"
+        assert loop.time() < deadline, f"worker {w.worker_id} never got {shards} shard(s): {h}"
+        await asyncio.sleep(0.05)
+
+
+class CuttableProxy:
+    """Forwards 127.0.0.1:port to a target; ``cut()`` drops every connection and refuses new
+    ones until ``restore()`` — what a worker sees when its database goes away."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self.cut_off = False
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut_off:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(src, dst))
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        dst.close()
+        self._writers.discard(dst)
+
+    def cut(self) -> None:
+        self.cut_off = True
+        for w in list(self._writers):
+            w.transport.abort()
+        self._writers.clear()
+
+    def restore(self) -> None:
+        self.cut_off = False
+
+    async def stop(self) -> None:
+        self.cut()
+        for t in list(self._pipes):
+            t.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
