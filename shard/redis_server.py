@@ -6,6 +6,7 @@ the fallback so nothing has to be installed by hand.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -47,11 +48,9 @@ def find_redis_server() -> str:
 
 
 _prctl: Any = None
-try:
+with contextlib.suppress(OSError, AttributeError):  # not Linux: no parent-death signal
     # Looked up in the parent: after fork, the child only makes the one libc call.
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    pass
 
 
 def die_with_parent() -> None:

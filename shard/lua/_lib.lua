@@ -38,15 +38,20 @@ local function wake_workers()
   redis.call('LTRIM', k_wake(), 0, WAKE_CAP - 1)
 end
 
--- Put a job on the delayed ZSETs; wake the shard loop if it is now the earliest job.
-local function push_scheduled(id, tenant, run_at)
-  local first = redis.call('ZRANGE', k_scheduled(), 0, 0, 'WITHSCORES')
-  redis.call('ZADD', k_scheduled(), run_at, id)
-  redis.call('ZADD', k_tscheduled(tenant), run_at, id)
-  if first[2] == nil or run_at < tonumber(first[2]) then
+-- Wake the shard loop when `at` comes before everything in `zset` (it sleeps until then).
+local function wake_promoter_if_first(zset, at)
+  local first = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
+  if first[2] == nil or at < tonumber(first[2]) then
     redis.call('LPUSH', k_promoter_wake(), '1')
     redis.call('LTRIM', k_promoter_wake(), 0, 0)
   end
+end
+
+-- Put a job on the delayed ZSETs; wake the shard loop if it is now the earliest job.
+local function push_scheduled(id, tenant, run_at)
+  wake_promoter_if_first(k_scheduled(), run_at)
+  redis.call('ZADD', k_scheduled(), run_at, id)
+  redis.call('ZADD', k_tscheduled(tenant), run_at, id)
 end
 
 local function push_dead(id, tenant, now)

@@ -57,6 +57,7 @@ async def test_a_new_schedule_is_stored_with_its_next_tick_in_its_time_zone(
     assert got == Schedule(spec(cron=cron, time_zone=tz, created_at_ms=NOW), "acme", tick)
     assert await state(redis) == {
         "sq:schedules:acme": {"S1": body(cron, tz)},
+        "sq:promoter_wake": ["1"],
         "sq:cron": [("acme/S1", tick)],
     }
 
@@ -71,6 +72,7 @@ async def test_upserting_an_existing_schedule_replaces_its_spec_and_next_tick(
     assert await state(redis) == {
         "sq:schedules:acme": {"S1": body("0 9 * * *", priority=4)},
         "sq:schedules:bravo": {"S1": body()},
+        "sq:promoter_wake": ["1"],
         "sq:cron": [("bravo/S1", EVERY_5_MIN_TICK), ("acme/S1", NINE_UTC_TICK)],
     }
 
@@ -91,8 +93,20 @@ async def test_replacing_a_schedule_at_the_cap_is_allowed(shard: ShardClient, re
     await shard.upsert_schedule("acme", spec("S1", cron="0 9 * * *"), max_schedules=1)
     assert await state(redis) == {
         "sq:schedules:acme": {"S1": body("0 9 * * *")},
+        "sq:promoter_wake": ["1"],
         "sq:cron": [("acme/S1", NINE_UTC_TICK)],
     }
+
+
+async def test_only_a_tick_earlier_than_every_other_wakes_the_shard_loop(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    await shard.upsert_schedule("acme", spec("S1", cron="0 9 * * *"))
+    await redis.delete("sq:promoter_wake")
+    await shard.upsert_schedule("acme", spec("S2", cron="0 10 * * *"))
+    assert await redis.exists("sq:promoter_wake") == 0
+    await shard.upsert_schedule("acme", spec("S3"))
+    assert await redis.lrange("sq:promoter_wake", 0, -1) == [b"1"]
 
 
 async def test_the_cap_is_per_tenant(shard: ShardClient, redis: Redis) -> None:
@@ -109,10 +123,11 @@ async def test_deleting_a_schedule_removes_its_spec_and_its_tick(
     await shard.delete_schedule("acme", "S1")
     assert await state(redis) == {
         "sq:schedules:acme": {"S2": body()},
+        "sq:promoter_wake": ["1"],
         "sq:cron": [("acme/S2", EVERY_5_MIN_TICK)],
     }
     await shard.delete_schedule("acme", "S2")
-    assert await dump(redis) == {}
+    assert await dump(redis) == {"sq:promoter_wake": ["1"]}
 
 
 @pytest.mark.parametrize(("tenant", "sid"), [("acme", "NOPE"), ("bravo", "S1")])
@@ -154,6 +169,7 @@ async def test_advancing_from_the_fired_tick_moves_the_schedule_to_its_next_tick
     assert await shard.advance_schedule(tick, EVERY_5_MIN_TICK + 300_000) is ItemCode.OK
     assert await state(redis) == {
         "sq:schedules:acme": {"S1": body()},
+        "sq:promoter_wake": ["1"],
         "sq:cron": [("acme/S1", EVERY_5_MIN_TICK + 300_000)],
     }
     assert await shard.due_ticks() == []
@@ -179,4 +195,4 @@ async def test_advancing_a_schedule_deleted_meanwhile_is_not_found_and_does_not_
     (tick,) = await shard.due_ticks()
     await shard.delete_schedule("acme", "S1")
     assert await shard.advance_schedule(tick, EVERY_5_MIN_TICK + 300_000) is ItemCode.NOT_FOUND
-    assert await dump(redis) == {}
+    assert await dump(redis) == {"sq:promoter_wake": ["1"]}
