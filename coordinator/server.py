@@ -11,11 +11,13 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from coordinator import api
 from coordinator.app import Coordinator, CoordinatorSettings, parse_tenant_limits
 from shard import config
 from shard.models import Limits, ShardSettings
+from shard.ops_http import OpsServer
 from shardq.v1 import (
     admin_pb2,
     jobs_pb2,
@@ -89,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--rate-per-s", 0.0, "default per-tenant submit rate (0: none)", float)
     config.add(p, "--tenant-limits", "", "JSON per-tenant overrides of the two above")
     config.add(p, "--max-payload-bytes", 1_048_576, "largest payload accepted", int)
+    config.add(p, "--metrics-port", 9090, "HTTP port for /metrics and /healthz (-1: off)", int)
     config.add(p, "--shutdown-grace-s", 10.0, "time in-flight calls get on SIGTERM", float)
     config.add(p, "--log-level", "INFO", "logging level")
     return p.parse_args(argv)
@@ -118,6 +121,13 @@ async def serve(args: argparse.Namespace) -> None:
     server, port, coord, health_servicer = await build_server(settings_from(args))
     await server.start()
     log.info("coordinator listening on port %d", port)
+    ops = None
+    if args.metrics_port >= 0:
+        # Plain-HTTP health beside the gRPC one: kubelet gRPC probes cannot speak TLS.
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        ops = OpsServer(registry, lambda: (True, {"map_version": coord.shard_map.version}))
+        await ops.start(args.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -127,6 +137,8 @@ async def serve(args: argparse.Namespace) -> None:
     await health_servicer.enter_graceful_shutdown()
     await server.stop(args.shutdown_grace_s)
     await coord.stop()
+    if ops is not None:
+        await ops.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -220,7 +220,7 @@ def test_shard_count_and_addresses_agree(render: Render, yaml_mod: ModuleType, n
     sync = r.get("Job", f"{FULLNAME}-shards-sync")
     cmd = container(sync["spec"]["template"]["spec"], "shards-sync")["command"]
     assert cmd[:3] == ["shardq", "shards", "sync"]
-    assert cmd[cmd.index("--count") + 1] == str(count)
+    assert cmd[cmd.index("--shards") + 1] == str(count)
     addresses = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--address"]
     assert addresses == expected
 
