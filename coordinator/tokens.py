@@ -82,9 +82,14 @@ class TokenStore:
         self._cache: OrderedDict[str, tuple[float, Principal | None]] = OrderedDict()
 
     async def create(
-        self, role: str, tenant_id: str | None = None, name: str = ""
+        self, role: str, tenant_id: str | None = None, name: str = "", token: str | None = None
     ) -> tuple[str, str]:
-        """A new token as ``(token_id, token)``; the token is shown now and never again."""
+        """A new token as ``(token_id, token)``; the token is shown now and never again.
+
+        ``token`` registers a given token instead of generating one (``shardq dev --token``):
+        it must have the generated form, ``sq_<12 hex>_<43 of [A-Za-z0-9_-]>``, and is stored
+        the same way, as its sha256 under the ID it carries.
+        """
         if role not in ROLES:
             raise InvalidArgument(f"{role!r} is not one of {', '.join(ROLES)}", field="role")
         if role == "tenant":
@@ -93,8 +98,16 @@ class TokenStore:
             validation.tenant_id(tenant_id)
         elif tenant_id is not None:
             raise InvalidArgument(f"an {role} token has no tenant", field="tenant_id")
-        token_id = secrets.token_hex(6)
-        token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+        if token is None:
+            token_id = secrets.token_hex(6)
+            token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+        else:
+            match = TOKEN_RE.fullmatch(token)
+            if match is None:
+                raise InvalidArgument(
+                    "a token reads sq_<12 hex chars>_<43 chars of A-Za-z0-9_->", field="token"
+                )
+            token_id = match.group(1)
         async with self._engine.begin() as conn:
             await conn.execute(
                 sa.insert(db.tokens).values(
