@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import db
+from coordinator import db, demo, dev
 from coordinator.client import Client, RetryPolicy, job_spec
 from coordinator.errors import CODES
 from coordinator.migrate import head_revision, upgrade
@@ -980,6 +980,24 @@ def shards_map(args: argparse.Namespace) -> int:
             ],
         )
     return 0
+
+
+# -- shardq dev, shardq demo (coordinator/dev.py, coordinator/demo.py) ------------------------
+
+command(
+    "dev",
+    help="run a whole local cluster (Redis shards, Postgres, coordinator, shard loops, "
+    "workers) until Ctrl-C",
+    args=[arg(*flags, **options) for flags, options in dev.ARGS],
+    needs_database=False,
+)(dev.run)
+command(
+    "demo",
+    help="submit a mixed workload (tenants, priorities, delays, retries, a dead letter, "
+    "a schedule) to a running cluster, with the admin token",
+    args=[arg(*flags, **options) for flags, options in demo.ARGS],
+    calls_api=True,
+)(demo.run)
 
 
 if __name__ == "__main__":

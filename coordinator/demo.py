@@ -1,0 +1,191 @@
+"""``shardq demo``: a mixed workload for a running cluster (``shardq dev``), so its live view
+shows the whole lifecycle of jobs.
+
+With the admin token it acts for several tenants (``--tenants``) and submits, per tenant:
+``echo`` jobs at every priority, ``sleep`` jobs, delayed jobs (2 to 20 s), ``ledger.add``
+writes, a ``flaky`` job that fails twice and then succeeds on its third attempt, a ``fail``
+job that ends in the dead-letter set after 3 attempts, and a recurring schedule
+(``demo-every-minute``, an ``echo`` each minute). It needs the example handlers
+(``worker.examples``), which ``shardq dev`` runs by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from coordinator.client import AsyncClient, RetryPolicy, job_spec
+from coordinator.dev import default_data_dir
+from shard.errors import Unauthenticated
+from shardq.v1 import common_pb2
+
+DEFAULT_TENANTS = "acme,globex,initech"
+SCHEDULE_ID = "demo-every-minute"
+TERMINAL = {
+    common_pb2.JOB_STATE_SUCCEEDED,
+    common_pb2.JOB_STATE_DEAD,
+    common_pb2.JOB_STATE_CANCELLED,
+}
+
+#: ``shardq demo``'s own arguments (cli.py adds the API connection options).
+ARGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (
+        ("--tenants",),
+        {
+            "default": DEFAULT_TENANTS,
+            "help": f"comma-separated tenants (default {DEFAULT_TENANTS})",
+        },
+    ),
+    (
+        ("--scale",),
+        {"type": int, "default": 1, "help": "multiply the number of jobs (default 1)"},
+    ),
+    (
+        ("--wait",),
+        {
+            "action": "store_true",
+            "help": "wait until every job submitted has finished, then print a summary",
+        },
+    ),
+    (
+        ("--data-dir",),
+        {
+            "default": str(default_data_dir()),
+            "help": "without --token: use the admin token `shardq dev` stored here",
+        },
+    ),
+]
+
+
+def workload(scale: int = 1, rng: random.Random | None = None) -> list[common_pb2.JobSpec]:
+    """One tenant's jobs: every handler of worker.examples, priorities, delays, failures."""
+    rng = rng or random.Random()
+    specs = []
+    for i in range(20 * scale):
+        specs.append(job_spec("echo", {"n": i}, priority=i % 10))
+    for _ in range(8 * scale):
+        specs.append(job_spec("sleep", {"ms": rng.randint(100, 1500)}, priority=rng.randint(0, 9)))
+    for i in range(8 * scale):
+        specs.append(job_spec("echo", {"delayed": i}, delay_ms=rng.randint(2_000, 20_000)))
+    for i in range(4 * scale):
+        specs.append(
+            job_spec("ledger.add", {"account": f"acct-{i % 3}", "amount": rng.randint(1, 100)})
+        )
+    specs.append(job_spec("flaky", {"fail_times": 2}, max_attempts=5))
+    specs.append(job_spec("fail", {"why": "a demo dead letter"}, max_attempts=3))
+    return specs
+
+
+@dataclass
+class DemoResult:
+    submitted: dict[str, int] = field(default_factory=dict)
+    #: job IDs per tenant (to wait for them)
+    job_ids: dict[str, list[str]] = field(default_factory=dict)
+    final: dict[str, int] = field(default_factory=dict)
+
+
+async def run_demo(
+    target: str,
+    admin_token: str,
+    *,
+    tenants: list[str] | None = None,
+    scale: int = 1,
+    wait: bool = False,
+    say: Callable[[str], None] = print,
+    **client_options: Any,
+) -> DemoResult:
+    """Submit the workload for each tenant; ``client_options`` go to AsyncClient (TLS)."""
+    result = DemoResult()
+    for tenant in tenants or DEFAULT_TENANTS.split(","):
+        async with AsyncClient(
+            target, admin_token, tenant_id=tenant, retry=RetryPolicy(attempts=4), **client_options
+        ) as client:
+            items = await client.submit_many(workload(scale))
+            ids = [it.job_id for it in items if it.job_id]
+            errors = [it.error.message for it in items if it.HasField("error")]
+            if errors:
+                say(f"demo: {tenant}: {len(errors)} refused, e.g. {errors[0]}")
+            template = job_spec("echo", {"from": SCHEDULE_ID})
+            template.ClearField("request_id")
+            await client.create_schedule(SCHEDULE_ID, "* * * * *", template)
+        result.submitted[tenant] = len(ids)
+        result.job_ids[tenant] = ids
+        say(
+            f"demo: {tenant}: submitted {len(ids)} jobs (priorities 0-9, delays up to 20 s, "
+            f"a flaky job, a dead letter) and schedule {SCHEDULE_ID}"
+        )
+    if wait:
+        await _wait_all(target, admin_token, result, client_options)
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(result.final.items()))
+        say(f"demo: all {sum(result.submitted.values())} jobs finished: {summary}")
+    return result
+
+
+async def _wait_all(
+    target: str, admin_token: str, result: DemoResult, client_options: dict[str, Any]
+) -> None:
+    for tenant, ids in result.job_ids.items():
+        async with AsyncClient(target, admin_token, tenant_id=tenant, **client_options) as client:
+            pending = set(ids)
+            while pending:
+                jobs = await asyncio.gather(*(client.get(j) for j in sorted(pending)))
+                for job in jobs:
+                    if job.state in TERMINAL:
+                        pending.discard(job.job_id)
+                        name = common_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+                        result.final[name.lower()] = result.final.get(name.lower(), 0) + 1
+                if pending:
+                    await asyncio.sleep(0.5)
+
+
+def admin_token_from(data_dir: str) -> str:
+    path = Path(data_dir).expanduser() / "tokens.json"
+    try:
+        token = json.loads(path.read_text()).get("admin", "")
+    except (OSError, ValueError):
+        token = ""
+    if not token:
+        raise Unauthenticated(
+            f"no token: pass --token ADMIN_TOKEN (or SHARDQ_TOKEN); {path} has none"
+        )
+    return str(token)
+
+
+def run(args: argparse.Namespace) -> Awaitable[int]:
+    """``shardq demo``: reads the token and CA here, submits in the coroutine it returns."""
+    token = args.token or admin_token_from(args.data_dir)
+    if args.scale < 1:
+        raise ValueError("--scale must be at least 1")
+    root = Path(args.ca_file).read_bytes() if args.ca_file else None
+    return _run(args, token, tls=bool(args.tls or root), root_certificates=root)
+
+
+async def _run(args: argparse.Namespace, token: str, **client_options: Any) -> int:
+    tenants = [t.strip() for t in args.tenants.split(",") if t.strip()]
+    try:
+        result = await run_demo(
+            args.coordinator,
+            token,
+            tenants=tenants,
+            scale=args.scale,
+            wait=args.wait,
+            say=(lambda _text: None) if args.json else print,
+            **client_options,
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+            raise Unauthenticated(
+                f"{exc.details()} (shardq demo acts for several tenants: give the admin token)"
+            ) from exc
+        raise
+    if args.json:
+        print(json.dumps({"submitted": result.submitted, "final": result.final}, indent=2))
+    return 0
