@@ -47,7 +47,7 @@ import psycopg
 from coordinator import db
 from coordinator.client import AsyncClient, RetryPolicy
 from coordinator.migrate import upgrade
-from coordinator.shardmap import MapChangeRefused, ShardMapStore
+from coordinator.shardmap import MapNotInitialized, ShardMapStore
 from coordinator.tokens import TokenStore
 from shard import validation
 from shard.errors import InvalidArgument
@@ -72,7 +72,8 @@ def _env_default(flag: str, default: Any, type: Callable[[str], Any] = str) -> A
 
 def _opt(flag: str, default: Any, help: str, type: Callable[[str], Any] = str, **kw: Any) -> Any:
     var = "SHARDQ_DEV_" + flag.lstrip("-").replace("-", "_").upper()
-    options = {"default": _env_default(flag, default, type), "help": f"{help} [{var}]", **kw}
+    value = _env_default(flag, default, type)
+    options = {"default": value, "help": f"{help} [{var}; default {default!r}]", **kw}
     if type is not str:
         options["type"] = type
     return ((flag,), options)
@@ -80,24 +81,24 @@ def _opt(flag: str, default: Any, help: str, type: Callable[[str], Any] = str, *
 
 #: ``shardq dev``'s arguments as ``(flags, add_argument options)``; cli.py registers them.
 ARGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-    _opt("--shards", 2, "Redis shards to run (default 2)", int),
-    _opt("--workers", 2, "worker processes (default 2)", int),
-    _opt("--port", 50051, "the coordinator's gRPC port on 127.0.0.1 (default 50051)", int),
+    _opt("--shards", 2, "Redis shards to run", int),
+    _opt("--workers", 2, "worker processes", int),
+    _opt("--port", 50051, "the coordinator's gRPC port on 127.0.0.1", int),
     _opt(
         "--data-dir",
         str(default_data_dir()),
-        "working folder: Redis AOF, Postgres, tokens, logs (default ~/.cache/shardq/dev)",
+        "working folder: Redis AOF, Postgres, tokens, logs",
     ),
     _opt(
         "--redis-base-port",
         6390,
-        "shard i's Redis listens on this port + i (default 6390)",
+        "shard i's Redis listens on this port + i",
         int,
     ),
     _opt(
         "--database-url",
         "",
-        "Postgres to use (default: an embedded pgserver in the data dir)",
+        "Postgres to use (empty: an embedded pgserver in the data dir)",
     ),
     (
         ("--token",),
@@ -109,7 +110,7 @@ ARGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
             "(default: a generated token for tenant 'demo')",
         },
     ),
-    _opt("--admin-token", "", "the admin token to register (default: a generated one)"),
+    _opt("--admin-token", "", "the admin token to register (empty: a generated one)"),
     _opt("--handlers", DEFAULT_HANDLERS, "module(s) of the workers' handlers, comma-separated"),
     _opt("--key-prefix", "shardq", "prefix of every Redis key"),
     _opt("--concurrency", 16, "handlers each worker runs at once", int),
@@ -456,13 +457,18 @@ class DevCluster:
         engine = db.make_engine(db.sqlalchemy_url(self.database_url))
         try:
             addresses = [f"127.0.0.1:{r.port}" for r in self.redis]
-            try:
-                await ShardMapStore(engine).sync_shards(addresses)
-            except MapChangeRefused as exc:
-                raise DevError(
-                    f"{exc}: this data folder's cluster has more shards; "
-                    "pass the same --shards or another --data-dir"
-                ) from exc
+            store = ShardMapStore(engine)
+            with contextlib.suppress(MapNotInitialized):
+                count = len((await store.load()).shards)
+                # Growing the map moves slots, and the tenants on them would leave their
+                # queued jobs behind: a local cluster keeps its shard count.
+                if count != len(addresses):
+                    raise DevError(
+                        f"this cluster has {count} shards (its shard map is in "
+                        f"{'the data dir' if self.postgres else self.database_url}); "
+                        f"pass --shards {count}, or another --data-dir (and database)"
+                    )
+            await store.sync_shards(addresses)
             assert self.tokens is not None
             await register_tokens(TokenStore(engine), self.tokens)
         finally:
@@ -486,6 +492,7 @@ class DevCluster:
                 "SHARDQ_LISTEN": self.target,
                 "SHARDQ_WORKER_TOKEN": self.tokens.worker,
                 "SHARDQ_SHUTDOWN_GRACE_S": 2,
+                "SHARDQ_METRICS_PORT": free_port(),
             },
         )
 

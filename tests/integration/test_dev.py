@@ -327,3 +327,42 @@ async def test_a_given_token_is_registered_under_the_id_it_carries(database_url:
             await store.create("tenant", "acme", token="not-a-token")
     finally:
         await engine.dispose()
+
+
+def test_configuration_doc_lists_every_flag_and_variable() -> None:
+    """docs/configuration.md: one table of every SHARDQ_* variable and flag of every program."""
+    import argparse  # noqa: PLC0415
+
+    import coordinator.server  # noqa: PLC0415
+    import shard.__main__  # noqa: PLC0415
+    import worker.__main__  # noqa: PLC0415
+    from coordinator import cli  # noqa: PLC0415
+
+    parsers: list[argparse.ArgumentParser] = []
+    real = argparse.ArgumentParser.parse_args
+
+    def capture(self: argparse.ArgumentParser, *args: object, **kw: object) -> None:
+        parsers.append(self)
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = capture  # type: ignore[assignment,method-assign]
+    try:
+        for mod in (coordinator.server, shard.__main__, worker.__main__):
+            with pytest.raises(SystemExit):
+                mod.parse_args([])
+    finally:
+        argparse.ArgumentParser.parse_args = real  # type: ignore[method-assign]
+    root = cli.build_parser()
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    parsers += [sub.choices[name] for name in ("migrate", "get", "dev")]
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    missing = []
+    for parser in parsers:
+        for action in parser._actions:
+            if action.dest == "help" or not action.option_strings:
+                continue
+            var = re.search(r"\[(SHARDQ_[A-Z0-9_]+)", action.help or "")
+            names = [f"`{action.option_strings[0]}`"] + ([f"`{var.group(1)}`"] if var else [])
+            missing += [f"{parser.prog}: {n}" for n in names if n not in doc]
+    assert not missing, missing
