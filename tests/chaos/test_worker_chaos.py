@@ -109,7 +109,12 @@ async def test_a_frozen_worker_cannot_overwrite_the_result_of_the_worker_that_to
         # Static shards: the frozen worker's assignment stream still looks alive to the
         # coordinator, and this test is about fencing, not assignment.
         b = start_worker(cluster, "w-b", concurrency=1, shards=static_shards(cluster))
-        (row,) = await wait_for_rows(cluster.database_url, 1, timeout_s=60)
+        await wait_until_serving(b, shards=2, timeout_s=60)
+        try:
+            (row,) = await wait_for_rows(cluster.database_url, 1, timeout_s=60)
+        except AssertionError as exc:
+            job = await c.get(sub.job_id)
+            raise AssertionError(f"{exc}; job {job}; b alive: {b.proc.poll() is None}") from exc
         assert row["worker_id"] == "w-b"
         a.signal(signal.SIGCONT)
         await asyncio.sleep(4)  # the frozen handler finishes its sleep and tries to record
