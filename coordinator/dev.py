@@ -150,7 +150,10 @@ def _child_env(values: dict[str, object]) -> dict[str, str]:
 
 
 def port_is_free(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:port (TIME_WAIT sockets of a previous run don't count:
+    redis-server and gRPC bind with SO_REUSEADDR too)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
