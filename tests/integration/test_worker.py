@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import generate_latest
 
 from coordinator.client import job_spec
 from coordinator.db import make_engine
@@ -101,3 +103,50 @@ async def test_a_handler_side_effect_is_exactly_once_and_rolls_back_on_failure(
         ledger = (await conn.execute(query)).all()
     await engine.dispose()
     assert [tuple(r) for r in ledger] == [("a", 5)]
+
+
+async def test_sync_and_cpu_bound_handlers_run_off_the_loop_and_metrics_count_them(
+    cluster: Cluster,
+) -> None:
+    c = await cluster.client("acme")
+    async with running_worker(cluster, process_pool_size=1) as worker:
+        sync = await c.submit("test.sync", {"n": 1, "ms": 20})
+        cpu = await c.submit("test.cpu", {"n": 1_000})
+        sync_final, cpu_final = await c.wait(sync.job_id), await c.wait(cpu.job_id)
+        text = generate_latest(worker.metrics.registry).decode()
+    assert json.loads(sync_final.result) == {"n": 1, "thread": True}
+    cpu_result = json.loads(cpu_final.result)
+    assert cpu_result["sum"] == sum(range(1_000)) and cpu_result["pid"] != os.getpid()
+    assert (
+        'shardq_worker_jobs_total{handler="test.cpu",outcome="succeeded",tenant="acme"} 1.0' in text
+    )
+    assert 'shardq_worker_job_duration_seconds_count{handler="test.sync"} 1.0' in text
+
+
+async def test_a_redelivered_job_whose_row_exists_is_acked_without_running_again(
+    cluster: Cluster,
+) -> None:
+    c = await cluster.client("acme")
+    async with running_worker(cluster):
+        sub = await c.submit("ledger.add", {"account": "z", "amount": 3}, request_id="once")
+        assert (await c.wait(sub.job_id)).state == common_pb2.JOB_STATE_SUCCEEDED
+    # Deliver it again, as after a crash between commit and ack: back to ready on its shard.
+    shard_id = cluster.coordinator.shard_map.shard_for("acme")
+    client, _ = cluster.coordinator.pool.get(shard_id)
+    job_key = client.keys.job(sub.job_id)
+    await client.redis.hset(job_key, mapping={"s": "ready", "at": 1})
+    await client.redis.rpush(client.keys.ready("acme", 0), sub.job_id)
+    await client.redis.rpush(client.keys.ring(0), "acme")
+    await client.redis.hincrby(client.keys.counts("acme"), "ready", 1)
+    async with running_worker(cluster):
+        final = await c.wait(sub.job_id)
+    assert final.state == common_pb2.JOB_STATE_SUCCEEDED and final.attempts == 2
+    engine = make_engine(cluster.database_url)
+    async with engine.connect() as conn:
+        ledger = (
+            await conn.execute(sa.text("SELECT count(*) FROM shardq_example_ledger"))
+        ).scalar()
+    await engine.dispose()
+    assert ledger == 1
+    rows = await wait_for_rows(cluster.database_url, 1)
+    assert [(r["request_id"], r["attempts"]) for r in rows] == [("once", 1)]

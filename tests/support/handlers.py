@@ -38,3 +38,9 @@ async def permanent(ctx: Context, payload: Any) -> None:
 @handler("test.always_fails")
 async def always_fails(ctx: Context, payload: Any) -> None:
     raise ValueError("nope")
+
+
+@handler("test.cpu", cpu_bound=True)
+def cpu(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    """Runs in the process pool: ctx is plain metadata there."""
+    return {"sum": sum(range(payload["n"])), "pid": os.getpid(), "attempt": ctx["attempt"]}
