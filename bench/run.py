@@ -207,8 +207,8 @@ def status_of(described: dict[str, Any], scenario: str) -> tuple[str, str] | Non
     return None
 
 
-def run_all(ctx: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
-    runs: list[dict[str, Any]] = []
+def run_all(ctx: dict[str, Any], args: argparse.Namespace) -> None:
+    runs: list[dict[str, Any]] = ctx["runs"]
     table = QUICK if args.quick else FULL
     for scenario in args.scenarios:
         params = table[scenario]
@@ -225,7 +225,7 @@ def run_all(ctx: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any
                 runs.append(record)
                 brief = record.get("metrics") or record.get("reason")
                 print(f"[bench]   -> {record['status']}: {brief}", file=sys.stderr, flush=True)
-    return runs
+                ctx["save"]()  # a partial file ("complete": false) survives an interrupted run
 
 
 # --- reporting ----------------------------------------------------------------------------
@@ -297,7 +297,39 @@ def cell(stats: dict[str, Any] | None) -> str:
     return f"{_fmt(stats['median'])} [{_fmt(stats['min'])}–{_fmt(stats['max'])}] n={stats['n']}"
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: dict[str, Any], markdown: bool = False) -> str:
+    """The table: one row per figure, one column per system; then the headline."""
+    rows = table_rows(result)
+    if markdown:
+        lines = ["| " + " | ".join(r) + " |" for r in rows]
+        lines.insert(1, "|" + "---|" * len(rows[0]))
+        lines += ["", "Cells: median [min–max] n=repeats."]
+    else:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines += ["", "cells: median [min–max] n=repeats"]
+    for name, described in result["systems"].items():
+        if described.get("skipped") or described.get("error"):
+            why = described.get("skipped") or described.get("error")
+            lines.append(f"{name}: not measured ({why}) — no numbers reported")
+    lines += ["", "headline (shardq / best peer):"]
+    if markdown:
+        lines += ["", "| figure | shardq | best peer | shardq / best peer |", "|---|---|---|---|"]
+    for h in result["headline"]:
+        shardq = "pending" if h["shardq"] is None else _fmt(h["shardq"])
+        best = "-" if h["best_peer"] is None else f"{h['best_peer']} {_fmt(h['best_peer_median'])}"
+        ratio = h["ratio_shardq_over_best_peer"]
+        ratio_text = "pending" if ratio is None else str(ratio)
+        if markdown:
+            lines.append(f"| {h['label']} | {shardq} | {best} | {ratio_text} |")
+        else:
+            lines.append(f"  {h['label']:<40} shardq {shardq:<10} best peer {best:<22} "
+                         f"ratio {ratio_text}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def table_rows(result: dict[str, Any]) -> list[list[str]]:
     systems = list(result["systems"])
     summary = result["summary"]
     not_run = {
@@ -314,22 +346,7 @@ def render(result: dict[str, Any]) -> str:
             rows.append(row)
         if scenario not in summary:
             rows.append([f"{scenario}", *(not_run.get((s, scenario), "-") for s in systems)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines += ["", "cells: median [min–max] n=repeats"]
-    for name, described in result["systems"].items():
-        if described.get("skipped") or described.get("error"):
-            why = described.get("skipped") or described.get("error")
-            lines.append(f"{name}: not measured ({why}) — no numbers reported")
-    lines += ["", "headline (shardq / best peer):"]
-    for h in result["headline"]:
-        shardq = "pending" if h["shardq"] is None else _fmt(h["shardq"])
-        best = "-" if h["best_peer"] is None else f"{h['best_peer']} {_fmt(h['best_peer_median'])}"
-        ratio = h["ratio_shardq_over_best_peer"]
-        lines.append(f"  {h['label']:<40} shardq {shardq:<10} best peer {best:<22} "
-                     f"ratio {'pending' if ratio is None else ratio}")  # fmt: skip
-    return "\n".join(lines)
+    return rows
 
 
 # --- main ---------------------------------------------------------------------------------
@@ -353,6 +370,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--venv-python", default=sys.executable, help="interpreter the peer venvs are made from"
     )
     ap.add_argument("--redis-server", default="redis-server")
+    ap.add_argument("--render", type=Path, help="print the table of an existing results file")
+    ap.add_argument("--markdown", action="store_true", help="with --render: a Markdown table")
     args = ap.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -363,8 +382,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def build_result(ctx: dict[str, Any], args: argparse.Namespace, complete: bool) -> dict[str, Any]:
+    runs = ctx["runs"]
+    summary = summarize(runs)
+    return {
+        "schema": "shardq-bench/1",
+        "complete": complete,  # false in the file written after each run while it goes on
+        "command": ctx["command"],
+        "started_at": ctx["started"],
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+        "quick": args.quick,
+        "repeat": args.repeat,
+        "scenarios": args.scenarios,
+        "machine": ctx["machine"],
+        "services": ctx["services"],
+        "systems": ctx["described"],
+        "params": {s: (QUICK if args.quick else FULL)[s] for s in args.scenarios},
+        "runs": runs,
+        "summary": summary,
+        "headline": headline(summary, [p for p in args.peers if p in ctx["described"]]),
+    }
+
+
+def save(ctx: dict[str, Any], args: argparse.Namespace, complete: bool) -> dict[str, Any]:
+    result = build_result(ctx, args, complete)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(args.out)
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.render:
+        rendered: dict[str, Any] = json.loads(args.render.read_text())
+        print(render(rendered, markdown=args.markdown))
+        return rendered
     started = dt.datetime.now(dt.UTC).isoformat()
     systems = system_commands(args)
     described = {name: call(cmd, {"op": "describe"}, timeout=120) for name, cmd in systems.items()}
@@ -379,37 +433,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if postgres:
             postgres.__enter__()
         try:
+            machine = machine_info(redis)
             ctx = {"redis": redis, "tmp": tmp, "systems": systems, "described": described,
                    "quick": args.quick, "run_timeout": args.run_timeout,
-                   "postgres_url": postgres.url if postgres else None}  # fmt: skip
-            machine = machine_info(redis)
-            runs = run_all(ctx, args)
+                   "postgres_url": postgres.url if postgres else None,
+                   "command": [Path(sys.executable).name, *sys.argv] if argv is None else argv,
+                   "started": started, "machine": machine, "runs": [],
+                   "services": {"redis": {"version": machine["redis_version"],
+                                          "args": redis.args[1:]},
+                                "postgres": {"version": postgres.version()} if postgres else None},
+                   "save": lambda: save(ctx, args, complete=False)}  # fmt: skip
+            run_all(ctx, args)
         finally:
             if postgres:
                 postgres.__exit__(None, None, None)
-        services = {
-            "redis": {"version": machine["redis_version"], "args": redis.args[1:]},
-            "postgres": {"version": postgres.version()} if postgres else None,
-        }
-    summary = summarize(runs)
-    result = {
-        "schema": "shardq-bench/1",
-        "command": [Path(sys.executable).name, *sys.argv] if argv is None else argv,
-        "started_at": started,
-        "finished_at": dt.datetime.now(dt.UTC).isoformat(),
-        "quick": args.quick,
-        "repeat": args.repeat,
-        "scenarios": args.scenarios,
-        "machine": machine,
-        "services": services,
-        "systems": described,
-        "params": {s: (QUICK if args.quick else FULL)[s] for s in args.scenarios},
-        "runs": runs,
-        "summary": summary,
-        "headline": headline(summary, [p for p in args.peers if p in described]),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    result = save(ctx, args, complete=True)
     print(render(result))
     print(f"\nresults: {args.out}")
     return result
