@@ -133,7 +133,6 @@ class Worker:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopping = asyncio.Event()
-        self._stopped = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._recorder: asyncio.Task[None] | None = None
         self.heartbeater = Heartbeater(settings.lease_ms, self._new_client, self._lease_lost)
@@ -206,7 +205,6 @@ class Worker:
         if self._procs:
             self._procs.shutdown(wait=False, cancel_futures=True)
         await self.engine.dispose()
-        self._stopped.set()
 
     # --- claiming -----------------------------------------------------------------------
 
