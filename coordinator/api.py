@@ -454,12 +454,17 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
 
 
 class WorkerService(workers_pb2_grpc.WorkerServiceServicer):
-    """Shard assignment for workers; an open stream is the worker's sign of life."""
+    """Shard assignment for workers; an open stream is the worker's sign of life.
+
+    Shards are dealt over every live worker of the cluster (``WorkerRegistry``, shared by the
+    replicas through Postgres), so each replica sends its workers their share of the same deal.
+    """
 
     def __init__(self, coord: Coordinator) -> None:
         self.c = coord
         self._streams: dict[str, asyncio.Queue[None]] = {}
         coord.follower.on_change(lambda _m: self._nudge())
+        coord.registry.on_change(self._nudge)
 
     def _nudge(self) -> None:
         for q in self._streams.values():
@@ -476,12 +481,15 @@ class WorkerService(workers_pb2_grpc.WorkerServiceServicer):
         self._streams[worker_id] = queue
         if previous is not None:
             previous.put_nowait(None)  # a reconnect replaces the old stream
+        registry = self.c.registry
+        await registry.join(worker_id, request.hostname[:256], request.concurrency)
         self._nudge()
         last: tuple[int, ...] | None = None
         try:
             while self._streams.get(worker_id) is queue:
                 m = self.c.shard_map
-                mine = tuple(assign(m.shards, self._streams).get(worker_id, []))
+                live = registry.live | set(self._streams)
+                mine = tuple(assign(m.shards, live).get(worker_id, []))
                 if mine != last:
                     last = mine
                     yield workers_pb2.Assignment(
@@ -490,12 +498,13 @@ class WorkerService(workers_pb2_grpc.WorkerServiceServicer):
                             workers_pb2.ShardEndpoint(shard_id=s, address=m.shards[s].address)
                             for s in mine
                         ],
-                        live_workers=len(self._streams),
+                        live_workers=len(live),
                     )
                 await queue.get()
         finally:
             if self._streams.get(worker_id) is queue:
                 del self._streams[worker_id]
+                await registry.leave(worker_id)
                 self._nudge()
 
 

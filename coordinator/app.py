@@ -24,6 +24,7 @@ from coordinator import db
 from coordinator.coalesce import Coalescer
 from coordinator.errors import Ctx
 from coordinator.placement import ShardMap
+from coordinator.registry import WorkerRegistry
 from coordinator.shardmap import ShardMapFollower, ShardMapStore
 from coordinator.tokens import Principal, TokenStore
 from shard import validation
@@ -62,6 +63,10 @@ class CoordinatorSettings:
     max_schedules_per_tenant: int = 1_000
     #: How often the shard-map version is polled besides LISTEN/NOTIFY, in seconds.
     map_poll_interval_s: float = 0.5
+    #: A worker whose assignment stream no replica has refreshed for this long is gone, in s.
+    worker_ttl_s: float = 10.0
+    #: How often each replica refreshes its workers and re-reads the live set, in s.
+    worker_refresh_s: float = 1.0
     #: The shards' data-plane settings (key prefix, dedupe window, payload limit...).
     shard: ShardSettings = field(default_factory=ShardSettings)
 
@@ -150,13 +155,18 @@ class Coordinator:
         )
         self.tokens = TokenStore(self.engine)
         self.pool = ShardPool(settings)
+        self.registry = WorkerRegistry(
+            self.engine, settings.worker_ttl_s, settings.worker_refresh_s
+        )
 
     async def start(self) -> None:
+        self.registry.start()
         await self.follower.start()
         self.pool.update(self.follower.current)
         self.follower.on_change(self.pool.update)
 
     async def stop(self) -> None:
+        await self.registry.stop()
         await self.follower.stop()
         await self.pool.close()
         await self.engine.dispose()

@@ -111,6 +111,17 @@ tokens = sa.Table(
 
 # One row per finished job, written once by the worker (INSERT ... ON CONFLICT DO NOTHING):
 # a late or duplicate completion changes nothing.
+workers = sa.Table(
+    "shardq_workers",
+    metadata,
+    # A worker is live while some coordinator replica refreshes last_seen for its open
+    # assignment stream; every replica assigns shards over the same live set.
+    sa.Column("worker_id", sa.Text, primary_key=True),
+    sa.Column("hostname", sa.Text, nullable=False, server_default=""),
+    sa.Column("concurrency", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
+)
+
 results = sa.Table(
     "shardq_results",
     metadata,
