@@ -44,8 +44,10 @@ Figures each scenario must return (``run.py`` aggregates median / min–max over
   start − run_at for ``params.n`` jobs due at ``params.due_per_s`` starting ``lead_s`` after
   submission begins.
 - ``fairness``: ``b_wait_p50_ms``, ``b_wait_p99_ms``, ``b_wait_max_ms``, the same for
-  ``a_wait_*``, and ``b_p99_over_a_p99``; tenant A submits ``n_a`` jobs, then tenant B
-  ``n_b`` jobs ``b_gap_s`` apart; wait = start − submit.
+  ``a_wait_*``, ``b_p99_over_a_p99`` and ``flood_drain_s``: tenant A's ``n_a`` jobs are
+  queued BEFORE the workers start; from the first job start on, tenant B submits ``n_b``
+  jobs ``b_gap_s`` apart. B's wait = start − submit; A's = start − max(submit, first start).
+  Use shardq's tenants here (A and B are two tenants), not one queue.
 - ``scale`` (shardq only): e.g. ``claim_us_empty``, ``claim_us_loaded``,
   ``promote_us_empty``, ``promote_us_loaded``, ``redis_bytes_per_scheduled_job`` with
   ``params.scheduled`` jobs on one shard.
