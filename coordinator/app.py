@@ -151,7 +151,7 @@ class Coordinator:
         self.engine: AsyncEngine = db.make_engine(settings.database_url)
         self.store = ShardMapStore(self.engine)
         self.follower = ShardMapFollower(
-            self.store, _psycopg_dsn(settings.database_url), settings.map_poll_interval_s
+            self.store, db.psycopg_dsn(settings.database_url), settings.map_poll_interval_s
         )
         self.tokens = TokenStore(self.engine)
         self.pool = ShardPool(settings)
@@ -239,7 +239,3 @@ class Coordinator:
                 )
             ).first()
         return row[0].encode() if row and row[0] is not None else None
-
-
-def _psycopg_dsn(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)

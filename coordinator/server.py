@@ -13,7 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from coordinator import api
+from coordinator import api, db
 from coordinator.app import Coordinator, CoordinatorSettings, parse_tenant_limits
 from shard import config
 from shard.models import Limits, ShardSettings
@@ -100,12 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
     if not args.database_url:
         raise SystemExit("shardq-coordinator: --database-url (SHARDQ_DATABASE_URL) is required")
-    url = args.database_url
-    if url.startswith("postgresql://"):
-        url = url.replace("postgresql://", "postgresql+psycopg://", 1)
     return CoordinatorSettings(
         listen=args.listen,
-        database_url=url,
+        database_url=db.sqlalchemy_url(args.database_url),
         redis_password=args.redis_password,
         tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
