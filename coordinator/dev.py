@@ -1,6 +1,6 @@
 """``shardq dev``: a whole shardq cluster on this machine, in one command, until Ctrl-C.
 
-It starts, as real processes of its own (each with ``die_with_parent``, its own ``SHARDQ_*``
+It starts, as real processes of its own (each under ``setpriv --pdeathsig``, its own ``SHARDQ_*``
 environment and a log file under ``<data-dir>/logs``):
 
 - ``--shards`` ``redis-server`` processes with AOF on, data in ``<data-dir>/redis-<i>``, on
@@ -51,7 +51,7 @@ from coordinator.shardmap import MapNotInitialized, ShardMapStore
 from coordinator.tokens import TokenStore
 from shard import validation
 from shard.errors import InvalidArgument
-from shard.redis_server import RedisProcess, die_with_parent, free_port
+from shard.redis_server import RedisProcess, free_port, parent_death_prefix
 from shardq.v1 import common_pb2
 
 READY_LINE = "shardq dev ready"
@@ -228,13 +228,12 @@ class EmbeddedPostgres:
             # No Unix socket (-k ""): the data dir's path may be too long for one.
             argv = [str(bin_path / "postgres"), "-D", str(self.pgdata), "-h", "127.0.0.1"]
             self.proc = subprocess.Popen(
-                [*argv, "-p", str(self.port), "-k", ""],
+                [*parent_death_prefix(), *argv, "-p", str(self.port), "-k", ""],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 user=user,
                 start_new_session=True,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - one async-signal-safe libc call
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -353,13 +352,12 @@ class DevCluster:
             f.write(f"--- shardq dev: starting {name} at {time.ctime()}\n".encode())
             f.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-m", module],
+                [*parent_death_prefix(), sys.executable, "-m", module],
                 stdin=subprocess.DEVNULL,
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env=_child_env(env),
                 start_new_session=True,  # Ctrl-C reaches only `shardq dev`, which stops in order
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - one async-signal-safe libc call
             )
         child = Child(name, proc, log, ops_port)
         self.children.append(child)

@@ -6,18 +6,14 @@ the fallback so nothing has to be installed by hand.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 
 class RedisBinaryNotFound(RuntimeError):
@@ -47,17 +43,12 @@ def find_redis_server() -> str:
     )
 
 
-_prctl: Any = None
-with contextlib.suppress(OSError, AttributeError):  # not Linux: no parent-death signal
-    # Looked up in the parent: after fork, the child only makes the one libc call.
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-
-def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when its parent dies (Linux), so a crashed test run
-    or a killed ``shardq dev`` leaves no orphan servers behind."""
-    if _prctl is not None:
-        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def parent_death_prefix() -> list[str]:
+    """Command prefix that makes a child get SIGTERM when its parent dies (Linux ``setpriv``),
+    so a crashed test run or a killed ``shardq dev`` leaves no orphans. A prefix, not a
+    ``preexec_fn``: Python code between fork and exec can crash a threaded parent's child."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 def free_port() -> int:
@@ -90,6 +81,7 @@ class RedisProcess:
             self.data_dir = Path(self._owned_dir.name)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
+            *parent_death_prefix(),
             find_redis_server(),
             "--port",
             str(self.port),
@@ -116,7 +108,6 @@ class RedisProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - one async-signal-safe libc call
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

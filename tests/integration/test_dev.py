@@ -28,7 +28,7 @@ from coordinator.dev import READY_LINE
 from coordinator.migrate import upgrade
 from coordinator.tokens import TokenStore
 from shard.errors import InvalidArgument
-from shard.redis_server import die_with_parent, free_port
+from shard.redis_server import free_port, parent_death_prefix
 from shardq.v1 import common_pb2
 from tests.support.postgres import throwaway_database
 
@@ -107,13 +107,12 @@ class Dev:
 
     def __init__(self, args: list[str]) -> None:
         self.proc = subprocess.Popen(
-            ["bash", ".ci/dev", *args],
+            [*parent_death_prefix(), "bash", ".ci/dev", *args],
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - a crashed test leaves nothing behind
         )
         self.lines: list[str] = []
         self.ready = threading.Event()

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from shard import FakeClock, NewJob, ScheduleSpec, ShardClient, ShardSettings, SystemClock
 from shard.loop import LoopSettings, ShardLoop
-from shard.redis_server import RedisProcess, die_with_parent, free_port
+from shard.redis_server import RedisProcess, free_port, parent_death_prefix
 
 SETTINGS = ShardSettings(key_prefix="sq")
 
@@ -146,7 +146,7 @@ def start_loop_process(redis_url: str, name: str) -> tuple[subprocess.Popen[byte
         "SHARDQ_METRICS_PORT": str(port),
         "SHARDQ_LOG_LEVEL": "WARNING",
     }
-    proc = subprocess.Popen([sys.executable, "-m", "shard"], env=env, preexec_fn=die_with_parent)  # noqa: PLW1509
+    proc = subprocess.Popen([*parent_death_prefix(), sys.executable, "-m", "shard"], env=env)
     return proc, port
 
 

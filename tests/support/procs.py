@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from shard.redis_server import die_with_parent, free_port
+from shard.redis_server import free_port, parent_death_prefix
 from tests.support.cluster import Cluster
 
 
@@ -66,7 +66,7 @@ def start_worker(
         "SHARDQ_LOG_LEVEL": os.environ.get("SHARDQ_TEST_WORKER_LOG_LEVEL", "WARNING"),
     }
     env.update({f"SHARDQ_{k.upper()}": str(v) for k, v in flags.items()})
-    proc = subprocess.Popen([sys.executable, "-m", "worker"], env=env, preexec_fn=die_with_parent)  # noqa: PLW1509
+    proc = subprocess.Popen([*parent_death_prefix(), sys.executable, "-m", "worker"], env=env)
     return WorkerProcess(name, proc, port)
 
 
