@@ -10,11 +10,17 @@ Every table is prefixed ``shardq_`` so the schema can share a database with an a
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from coordinator.placement import SHARD_STATES, SLOT_COUNT
+
+T = TypeVar("T")
 
 #: Channel of ``NOTIFY`` sent (payload: the new version) whenever the shard map changes.
 MAP_CHANNEL = "shardq_map"
@@ -172,3 +178,33 @@ def make_engine(url: str) -> AsyncEngine:
 def make_sync_engine(url: str) -> sa.Engine:
     """A blocking engine, for migrations and one-shot CLI work."""
     return sa.create_engine(sqlalchemy_url(url), pool_pre_ping=True)
+
+
+class Uncancellable:
+    """Runs database calls in tasks that a cancellation of the caller does not cut.
+
+    SQLAlchemy's pool loses a DBAPI connection when the task is cancelled while the pool is
+    still setting the new connection up: nothing closes it, and it is only reclaimed (with a
+    ResourceWarning) by the garbage collector. Background loops and stream clean-ups, which
+    are cancelled at shutdown or when a client goes away, go through here instead; the caller
+    still sees its cancellation at once, and ``drain`` waits for the calls left running
+    before the engine is disposed.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def run(self, call: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.create_task(call)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        if not self._tasks:
+            return
+        pending = set(self._tasks)
+        _, late = await asyncio.wait(pending, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

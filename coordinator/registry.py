@@ -5,6 +5,9 @@ Each replica refreshes ``last_seen`` of the workers whose assignment streams it 
 same assignment (``coordinator.assignment.assign``) from the same set, so shards are spread
 over every live worker, not only over one replica's. A closed stream deletes its row at once;
 a replica that dies stops refreshing and its workers drop out after ``ttl_s``.
+
+Its database calls go through ``db.Uncancellable``: a stream is cancelled whenever its worker
+goes away, which is exactly when its row is written.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.db import workers
+from coordinator.db import Uncancellable, workers
 
 log = logging.getLogger("shardq.coordinator")
 
@@ -33,6 +36,7 @@ class WorkerRegistry:
         self.live: frozenset[str] = frozenset()
         self._listeners: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._calls = Uncancellable()
 
     def on_change(self, fn: Callable[[], None]) -> None:
         self._listeners.append(fn)
@@ -44,13 +48,17 @@ class WorkerRegistry:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self._calls.drain()
 
     async def join(self, worker_id: str, hostname: str, concurrency: int) -> None:
         self.local[worker_id] = (hostname, concurrency)
-        await self.refresh()
+        await self._calls.run(self.refresh())
 
     async def leave(self, worker_id: str) -> None:
         self.local.pop(worker_id, None)
+        await self._calls.run(self._delete(worker_id))
+
+    async def _delete(self, worker_id: str) -> None:
         try:
             async with self.engine.begin() as conn:
                 await conn.execute(sa.delete(workers).where(workers.c.worker_id == worker_id))
@@ -94,4 +102,4 @@ class WorkerRegistry:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.refresh_s)
-            await self.refresh()
+            await self._calls.run(self.refresh())

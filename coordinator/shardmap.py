@@ -337,6 +337,7 @@ class ShardMapFollower:
         self._reload_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._listen_failing = False
+        self._calls = db.Uncancellable()
 
     @property
     def current(self) -> ShardMap:
@@ -357,6 +358,7 @@ class ShardMapFollower:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._calls.drain()
 
     def on_change(self, callback: MapCallback) -> Callable[[], None]:
         """Call ``callback(new_map)`` after each change; returns a function that unregisters it.
@@ -452,14 +454,14 @@ class ShardMapFollower:
 
     async def _poll(self) -> None:
         try:
-            await self.refresh()
+            await self._calls.run(self.refresh())
         except (SQLAlchemyError, OSError, FailedPrecondition) as exc:
             log.warning("cannot read the shard map version: %s", exc)
 
     async def _reload_safely(self) -> None:
         try:
             async with self._reload_lock:
-                self._publish(await self._store.load())
+                self._publish(await self._calls.run(self._store.load()))
         except (SQLAlchemyError, OSError, FailedPrecondition) as exc:
             log.warning("cannot reload the shard map: %s", exc)
 
