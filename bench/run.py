@@ -15,6 +15,7 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -151,18 +152,31 @@ def machine_info(redis: RedisServer) -> dict[str, Any]:
     }
 
 
+def shard_servers(ctx: dict[str, Any], params: dict[str, Any]) -> list[RedisServer]:
+    """Redis servers beyond the first for a scenario with several shards (``params.shards``):
+    one server per shard, since a shard is a Redis server, started once and kept for the run."""
+    wanted = max(params.get("shards", [1])) - 1
+    extra: list[RedisServer] = ctx["extra_redis"]
+    while len(extra) < wanted:
+        extra.append(ctx["stack"].enter_context(RedisServer(ctx["redis_binary"])))
+    return extra[:wanted]
+
+
 def one_run(
     ctx: dict[str, Any], system: str, scenario: str, repeat: int, params: dict[str, Any]
 ) -> dict[str, Any]:
     redis: RedisServer = ctx["redis"]
     redis.flush()
+    servers = [redis, *shard_servers(ctx, params)]
+    for extra in servers[1:]:
+        extra.flush()
     workdir = tempfile.mkdtemp(prefix=f"{scenario}-{system}-{repeat}-", dir=ctx["tmp"])
     request = {
         "op": "run",
         "scenario": scenario,
         "params": params,
         "redis_url": redis.url,
-        "redis_urls": [redis.url],
+        "redis_urls": [r.url for r in servers],
         "postgres_url": ctx["postgres_url"],
         "workdir": workdir,
         "repeat": repeat,
@@ -428,6 +442,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="shardq-bench-") as tmp,
         RedisServer(args.redis_server) as redis,
+        contextlib.ExitStack() as stack,
     ):
         postgres = PostgresServer() if needs_pg else None
         if postgres:
@@ -439,6 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "postgres_url": postgres.url if postgres else None,
                    "command": [Path(sys.executable).name, *sys.argv] if argv is None else argv,
                    "started": started, "machine": machine, "runs": [],
+                   "stack": stack, "extra_redis": [], "redis_binary": args.redis_server,
                    "services": {"redis": {"version": machine["redis_version"],
                                           "args": redis.args[1:]},
                                 "postgres": {"version": postgres.version()} if postgres else None},

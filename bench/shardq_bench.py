@@ -1,7 +1,5 @@
-"""shardq's side of the benchmark — A STUB until the shardq worker exists.
-
-!!! NOT A MEASUREMENT: every request is answered with ``{"skipped": ...}`` and ``run.py``
-!!! reports shardq as "pending". Replace this file's body when the worker lands.
+"""shardq's side of the benchmark: the same scenarios as the peers, plus ``scale`` and
+``multishard``, on a real shardq cluster started with shardq's own commands.
 
 The protocol (the same as ``bench/peers/*_bench.py``; see ``bench/peers/_common.py``)
 --------------------------------------------------------------------------------------
@@ -10,75 +8,807 @@ The protocol (the same as ``bench/peers/*_bench.py``; see ``bench/peers/_common.
 object to its stdin, and reads the LAST line of its stdout as ONE JSON object. Logs go to
 stderr (its tail is kept when the process fails). Exit status 0, or the run counts as an error.
 
-1. ``{"op": "describe"}`` →
-   ``{"system": "shardq", "versions": {name: version, ...},
-      "needs": ["redis", "postgres"],
-      "scenarios": {name: "supported" | "unsupported: <why>", ...},
-      "skipped": "<why>"}``            (``skipped`` only while nothing can be measured)
-   ``run.py`` starts PostgreSQL only when a system that is not skipped needs it.
+1. ``{"op": "describe"}`` → ``{"system": "shardq", "versions": {...}, "needs": ["redis",
+   "postgres"], "scenarios": {name: "supported", ...}}``.
+2. ``{"op": "run", "scenario": NAME, "params": {...}, "redis_url": ..., "redis_urls": [one
+   Redis server per shard], "postgres_url": ..., "workdir": ..., "repeat": K, "quick": bool}``
+   → ``{"system": "shardq", "scenario": NAME, "versions": {...}, "metrics": {...},
+   "config": {...}}``.
 
-2. ``{"op": "run", "scenario": NAME, "params": {...}, "redis_url": "redis://127.0.0.1:P/0",
-      "redis_urls": [one URL per shard, multishard scenario only: several DBs or servers],
-      "postgres_url": "postgresql://postgres@127.0.0.1:P/postgres" or null,
-      "workdir": "<empty directory for this run's files>", "repeat": K, "quick": bool}`` →
-   ``{"system": "shardq", "scenario": NAME, "versions": {...},
-      "metrics": {figure: number, ...},        # the figures below, same names as the peers
-      "config": {"params": ..., "concurrency": {"processes": N, "how": "<stated config>"},
-                 ...anything else that describes the run...}}``
-   or ``{"skipped": "<why>"}`` / ``{"unsupported": "<why>"}`` (never a made-up number).
-   Redis is FLUSHALLed before every run; the database is the run's to create tables in
-   (``shardq migrate``) and is not cleaned: drop what you create, or use a fresh schema.
+The cluster of one run
+----------------------
+Every run gets a database of its own (``CREATE DATABASE`` on ``postgres_url``, dropped at the
+end: the server is shared by all runs), and the cluster is built as an operator builds one:
+``shardq migrate``, ``shardq shards init --address ...``, ``shardq tokens create``, then one
+``shardq-shard`` loop per shard, one ``shardq-coordinator`` and (when the scenario runs jobs)
+``WORKERS`` × ``shardq-worker --handlers shardq_handlers``. Jobs are submitted through the
+gRPC API (``coordinator.client.AsyncClient``: ``SubmitJob`` / ``SubmitJobs``). A job counts
+as done when its result row is in Postgres: drain rates are measured to the moment the last
+row is seen (polled every ``ROW_POLL_S``), not to the last start.
 
-Figures each scenario must return (``run.py`` aggregates median / min–max over repeats):
+Figures per scenario (the same names as the peers where the scenario is shared):
 
-- ``submit``: ``single_jobs_per_s`` (one producer, one unary SubmitJob at a time; add
-  ``unary_64_in_flight_jobs_per_s`` if measured) and ``batch_jobs_per_s`` (SubmitJobs of
-  ``params.batch_size``); params ``n_single``, ``n_batch``, ``batch_size``.
-- ``drain``: ``jobs_per_s``, ``drain_s`` (first job start → last job start, ``params.n``
-  no-op jobs queued before the workers start), ``launch_to_first_start_s``. 2 worker
-  processes (say so in ``config.concurrency``). "Done" for shardq should mean the result row
-  is in Postgres: measure to the last result row, and say which in ``config``.
-- ``latency``: ``p50_ms``, ``p99_ms``, ``max_ms`` of start − submit, one job at a time on an
-  idle system, ``params.n`` samples with a random idle gap in [gap_min_s, gap_max_s].
-- ``delayed``: ``p50_ms``, ``p99_ms``, ``max_ms``, ``min_ms``, ``early_jobs`` of
-  start − run_at for ``params.n`` jobs due at ``params.due_per_s`` starting ``lead_s`` after
-  submission begins.
-- ``fairness``: ``b_wait_p50_ms``, ``b_wait_p99_ms``, ``b_wait_max_ms``, the same for
-  ``a_wait_*``, ``b_p99_over_a_p99`` and ``flood_drain_s``: tenant A's ``n_a`` jobs are
-  queued BEFORE the workers start; from the first job start on, tenant B submits ``n_b``
-  jobs ``b_gap_s`` apart. B's wait = start − submit; A's = start − max(submit, first start).
-  Use shardq's tenants here (A and B are two tenants), not one queue.
-- ``scale`` (shardq only): e.g. ``claim_us_empty``, ``claim_us_loaded``,
-  ``promote_us_empty``, ``promote_us_loaded``, ``redis_bytes_per_scheduled_job`` with
-  ``params.scheduled`` jobs on one shard.
-- ``multishard`` (shardq only): ``jobs_per_s_<k>_shards`` for each k in ``params.shards``.
-
-Job start times must be taken where the job starts (in the worker, first thing in the
-handler), e.g. with ``bench/peers/_common.record_start`` into ``BENCH_STARTS_FILE``.
+- ``submit``: ``single_jobs_per_s`` (one unary SubmitJob at a time),
+  ``unary_64_in_flight_jobs_per_s`` (64 unary calls in flight on one channel),
+  ``batch_jobs_per_s`` (SubmitJobs of ``batch_size``). No workers running.
+- ``drain``: ``jobs_per_s`` = (n − 1) / (last result row seen − first start), ``drain_s`` that
+  span, ``start_jobs_per_s`` the peers' definition (first to last start),
+  ``launch_to_first_start_s``.
+- ``latency``: ``p50_ms``, ``p99_ms``, ``max_ms`` of start − submit.
+- ``delayed``: ``p50_ms``, ``p99_ms``, ``max_ms``, ``min_ms``, ``early_jobs`` of start − run_at.
+- ``fairness``: tenants A and B are two shardq tenants on the one shard.
+- ``scale``: ``redis_bytes_per_scheduled_job`` with ``params.scheduled`` jobs scheduled on one
+  shard; ``claim_us_per_job_*`` and ``promote_us_per_job_*`` on the empty and the loaded shard
+  (through the shard's Python API, ``shard.client.ShardClient``: claim and promote are shard
+  operations; the coordinator is not on their path).
+- ``multishard``: ``jobs_per_s_<k>_shards`` for each k in ``params.shards`` (a drain, one
+  tenant pinned to each shard, jobs split evenly).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+import random
+import secrets
+import signal
+import subprocess
 import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
 
-SKIPPED = "shardq worker not built yet"
-SCENARIOS = ["submit", "drain", "latency", "delayed", "fairness", "scale", "multishard"]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "peers"))
+
+import psycopg  # noqa: E402
+from _common import (  # noqa: E402
+    TENANT_B_BASE,
+    count_starts,
+    duplicate_starts,
+    read_starts,
+    serve,
+    summary_ms,
+    wait_for_starts,
+)
+from redis.asyncio import Redis  # noqa: E402
+
+from coordinator.client import AsyncClient, RetryPolicy, job_spec  # noqa: E402
+from shard.client import ShardClient  # noqa: E402
+from shard.models import ClaimedJob, Lease, NewJob  # noqa: E402
+from shard.redis_server import free_port, parent_death_prefix  # noqa: E402
+from shardq.v1 import common_pb2  # noqa: E402
+
+WORKERS = 2
+#: Handlers each worker runs at once: at least one claim batch (100), so a claim is never
+#: cut short by free slots while the worker is busy. BENCH_SHARDQ_CONCURRENCY overrides it.
+CONCURRENCY = int(os.environ.get("BENCH_SHARDQ_CONCURRENCY", "200"))
+NOOP = "bench.noop"
+ROW_POLL_S = 0.01
+WARMUP_BASE = 2_000_000_000
+IN_FLIGHT = 64
+#: BENCH_SHARDQ_PROFILE=DIR runs every shardq process under ``py-spy record`` (raw stacks).
+PROFILE_DIR = os.environ.get("BENCH_SHARDQ_PROFILE", "")
+BIN = Path(sys.executable).parent
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "shardq": version("shardq"),
+        "grpcio": version("grpcio"),
+        "redis-py": version("redis"),
+        "psycopg": version("psycopg"),
+        "sqlalchemy": version("sqlalchemy"),
+        "python": sys.version.split()[0],
+    }
+
+
+CONCURRENCY_TEXT = (
+    f"{WORKERS} x `shardq-worker --handlers shardq_handlers --concurrency {CONCURRENCY}` "
+    "(asyncio; claim batches of up to 100, result rows written and acked in batches of up "
+    "to 500), 1 x `shardq-coordinator`, 1 x `shardq-shard` loop per shard; log level WARNING"
+)
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    ops_port: int = 0
+
+
+def _env(values: dict[str, object]) -> dict[str, str]:
+    """This environment without SHARDQ_* variables (as ``shardq dev`` does), plus ``values``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update({k: str(v) for k, v in values.items()})
+    return env
+
+
+def _cli(*args: str, env: dict[str, str]) -> str:
+    """Run ``shardq ARGS`` and return its stdout (raise with its stderr when it fails)."""
+    proc = subprocess.run(
+        [str(BIN / "shardq"), *args], env=env, capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"shardq {' '.join(args)} failed: {proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def _healthz(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+            body: dict[str, Any] = json.loads(r.read())
+            return body
+    except (OSError, ValueError):
+        return None
+
+
+def _address(url: str) -> str:
+    """host:port of a redis:// URL (the shard map stores addresses)."""
+    rest = url.split("://", 1)[1].split("/", 1)[0]
+    return rest.rsplit("@", 1)[-1]
+
+
+@dataclass
+class Cluster:
+    """One run's shardq cluster: its own database, shard loops, coordinator, workers."""
+
+    req: dict[str, Any]
+    redis_urls: Sequence[str]
+    tenants: Sequence[str]
+    #: tenant -> shard ID to pin it to (multishard); others go where their slot maps.
+    pins: dict[str, int] = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=dict)
+    database: str = ""
+    database_url: str = ""
+    target: str = ""
+    worker_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+
+    @property
+    def workdir(self) -> Path:
+        return Path(self.req["workdir"])
+
+    @property
+    def starts(self) -> str:
+        return str(self.workdir / "starts.log")
+
+    def __enter__(self) -> Cluster:
+        try:
+            self._create_database()
+            self._prepare()
+            self._start_shards_and_coordinator()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(("worker-", "shard-", "coordinator"))
+        self._drop_database()
+
+    # -- database ---------------------------------------------------------------------------
+
+    def _create_database(self) -> None:
+        base = self.req["postgres_url"]
+        if not base:
+            raise RuntimeError("shardq needs postgres_url")
+        self.database = f"shardq_bench_{os.getpid()}_{secrets.token_hex(3)}"
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.database}"')
+        self.database_url = base.rsplit("/", 1)[0] + "/" + self.database
+
+    def _drop_database(self) -> None:
+        if not self.database:
+            return
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(self.req["postgres_url"], autocommit=True) as conn,
+        ):
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+        self.database = ""
+
+    def _prepare(self) -> None:
+        """Schema, shard map, tokens and pins, with shardq's own CLI (after the schema, the
+        map and the tokens are made side by side: each command is a second of imports)."""
+        env = _env({"SHARDQ_DATABASE_URL": self.database_url})
+        _cli("migrate", env=env)
+        addresses = [a for url in self.redis_urls for a in ("--address", _address(url))]
+
+        def shard_map() -> None:
+            _cli("shards", "init", *addresses, env=env)
+            for tenant, shard_id in self.pins.items():
+                _cli("shards", "pin", tenant, str(shard_id), env=env)
+
+        def token(tenant: str) -> None:
+            out = _cli("tokens", "create", "--tenant", tenant, "--name", "bench", "--json", env=env)
+            self.tokens[tenant] = json.loads(out)["token"]
+
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(shard_map), *(pool.submit(token, t) for t in self.tenants)]
+            for future in futures:
+                future.result()
+
+    # -- processes --------------------------------------------------------------------------
+
+    def spawn(self, name: str, command: list[str], env: dict[str, object], ops: int = 0) -> Proc:
+        path = self.workdir / f"{name}.log"
+        if PROFILE_DIR:  # a py-spy profile of every shardq process, for the performance pass
+            out_file = os.path.join(PROFILE_DIR, f"{self.workdir.name}-{name}.txt")
+            command = [str(BIN / "py-spy"), "record", "--format", "raw", "--rate", "250",
+                       "--nonblocking", "-o", out_file, "--", *command]  # fmt: skip
+        with open(path, "ab") as out:
+            popen = subprocess.Popen(
+                [*parent_death_prefix(), *command],
+                env=_env(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=str(HERE),
+            )
+        proc = Proc(name, popen, path, ops)
+        self.procs.append(proc)
+        return proc
+
+    def _common(self) -> dict[str, object]:
+        return {"SHARDQ_DATABASE_URL": self.database_url, "SHARDQ_LOG_LEVEL": "WARNING"}
+
+    def _start_shards_and_coordinator(self) -> None:
+        for i, url in enumerate(self.redis_urls):
+            port = free_port()
+            env = {
+                **self._common(),
+                "SHARDQ_REDIS_URL": url,
+                "SHARDQ_SHARD_ID": i,
+                "SHARDQ_METRICS_PORT": port,
+                "SHARDQ_INSTANCE_ID": f"bench-shard-{i}",
+            }
+            self.spawn(f"shard-{i}", [str(BIN / "shardq-shard")], env, port)
+        self.target = f"127.0.0.1:{free_port()}"
+        env = {
+            **self._common(),
+            "SHARDQ_LISTEN": self.target,
+            "SHARDQ_METRICS_PORT": -1,
+            "SHARDQ_WORKER_TOKEN": self.worker_token,
+            "SHARDQ_SHUTDOWN_GRACE_S": 2,
+        }
+        self.spawn("coordinator", [str(BIN / "shardq-coordinator")], env)
+        asyncio.run(self._wait_coordinator())
+        self._wait_health("shard-", lambda h: h.get("role") == "leader")
+
+    async def _wait_coordinator(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with self.client(self.tenants[0], attempts=1) as client:
+            while True:
+                self.check_alive()
+                try:
+                    await client.tenant_stats()
+                    return
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                await asyncio.sleep(0.05)
+
+    def _wait_health(
+        self, prefix: str, ready: Callable[[dict[str, Any]], bool], timeout_s: float = 60
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        for proc in (p for p in self.procs if p.name.startswith(prefix)):
+            while True:
+                self.check_alive()
+                health = _healthz(proc.ops_port)
+                if health is not None and ready(health):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{proc.name} not ready in {timeout_s}s: {health}")
+                time.sleep(0.02)
+
+    def start_workers(self, wait: bool = True) -> float:
+        """Start the workers; return the time they were launched."""
+        launched = time.time()
+        pythonpath = os.pathsep.join([str(HERE), str(HERE / "peers")])
+        for k in range(WORKERS):
+            port = free_port()
+            env = {
+                **self._common(),
+                "SHARDQ_HANDLERS": "shardq_handlers",
+                "SHARDQ_COORDINATOR": self.target,
+                "SHARDQ_WORKER_TOKEN": self.worker_token,
+                "SHARDQ_WORKER_ID": f"bench-worker-{k}",
+                "SHARDQ_CONCURRENCY": CONCURRENCY,
+                "SHARDQ_DRAIN_GRACE_S": 2,
+                "SHARDQ_METRICS_PORT": port,
+                "BENCH_STARTS_FILE": self.starts,
+                "PYTHONPATH": pythonpath,
+            }
+            self.spawn(f"worker-{k}", [str(BIN / "shardq-worker")], env, port)
+        if wait:
+            self._wait_health("worker-", lambda h: bool(h.get("shards")))
+        return launched
+
+    def check_alive(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is not None:
+                tail = proc.log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{tail}")
+
+    def stop(self, order: Sequence[str]) -> None:
+        """SIGTERM by group in ``order`` (workers first: they drain), SIGKILL the slow."""
+        for prefix in order:
+            group = [p for p in self.procs if p.name.startswith(prefix)]
+            for p in group:
+                if p.popen.poll() is None:
+                    os.killpg(p.popen.pid, signal.SIGTERM)
+            for p in group:
+                try:
+                    p.popen.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                    p.popen.wait()
+                self.procs.remove(p)
+
+    # -- using it ---------------------------------------------------------------------------
+
+    def client(self, tenant: str, attempts: int = 6) -> AsyncClient:
+        return AsyncClient(
+            self.target, self.tokens[tenant], retry=RetryPolicy(attempts=attempts), timeout_s=60
+        )
+
+    def result_rows(self) -> int:
+        with psycopg.connect(self.database_url) as conn:
+            row = conn.execute("SELECT count(*) FROM shardq_results").fetchone()
+            return int(row[0]) if row else 0
+
+    def wait_rows(self, count: int, timeout_s: float) -> float:
+        """Poll until ``count`` result rows exist; return when that was first seen."""
+        deadline = time.monotonic() + timeout_s
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            while True:
+                row = conn.execute("SELECT count(*) FROM shardq_results").fetchone()
+                seen = int(row[0]) if row else 0
+                if seen >= count:
+                    return time.time()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {seen}/{count} result rows in {timeout_s}s")
+                self.check_alive()
+                time.sleep(ROW_POLL_S)
+
+    def wait_starts(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while count_starts(self.starts) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {count_starts(self.starts)}/{count} jobs started")
+            self.check_alive()
+            time.sleep(0.005)
+
+
+def _spec(number: int, run_at_ms: int | None = None) -> common_pb2.JobSpec:
+    return job_spec(NOOP, number, run_at_ms=run_at_ms)
+
+
+async def _submit_batches(
+    client: AsyncClient, numbers: Sequence[int], size: int, run_at_ms: Sequence[int] | None = None
+) -> list[float]:
+    """SubmitJobs in batches of ``size``; each job's submit time; raise on a refused item."""
+    times: list[float] = []
+    for lo in range(0, len(numbers), size):
+        chunk = numbers[lo : lo + size]
+        at = run_at_ms[lo : lo + size] if run_at_ms is not None else [None] * len(chunk)
+        times.extend([time.time()] * len(chunk))
+        items = await client.submit_many([_spec(n, a) for n, a in zip(chunk, at, strict=True)])
+        refused = [it for it in items if it.error.code]
+        if refused:
+            raise RuntimeError(f"{len(refused)} jobs refused, e.g. {refused[0]}")
+    return times
+
+
+def _config(req: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "params": req["params"],
+        "concurrency": {"processes": WORKERS, "how": CONCURRENCY_TEXT},
+        "done_means": "the job's result row is committed in Postgres (then it is acked)",
+        "machine_note": "2 cores shared by every process of the cluster, Redis and Postgres",
+        **extra,
+    }
+
+
+# --- scenarios ----------------------------------------------------------------------------
+
+
+async def _timed(fn: Callable[[], Awaitable[None]]) -> float:
+    t0 = time.perf_counter()
+    await fn()
+    return time.perf_counter() - t0
+
+
+def submit(req: dict[str, Any]) -> dict[str, Any]:
+    p = req["params"]
+    n_single, n_batch, size = p["n_single"], p["n_batch"], p["batch_size"]
+    with Cluster(req, req["redis_urls"][:1], ["bench"]) as cluster:
+
+        async def go() -> dict[str, float]:
+            async with cluster.client("bench") as client:
+                await client.submit(NOOP, 0)  # the channel is open before timing starts
+
+                async def singles() -> None:
+                    for i in range(n_single):
+                        await client.submit(NOOP, i)
+
+                async def in_flight() -> None:
+                    numbers = iter(range(n_single, 2 * n_single))
+
+                    async def lane() -> None:
+                        for i in numbers:
+                            await client.submit(NOOP, i)
+
+                    await asyncio.gather(*(lane() for _ in range(IN_FLIGHT)))
+
+                async def batches() -> None:
+                    await _submit_batches(client, range(2 * n_single, 2 * n_single + n_batch), size)
+
+                return {
+                    "single_jobs_per_s": round(n_single / await _timed(singles), 1),
+                    "unary_64_in_flight_jobs_per_s": round(n_single / await _timed(in_flight), 1),
+                    "batch_jobs_per_s": round(n_batch / await _timed(batches), 1),
+                }
+
+        metrics = asyncio.run(go())
+    return {
+        "metrics": metrics,
+        "config": _config(
+            req,
+            producer="one process (asyncio, one gRPC channel), no workers running",
+            single="unary SubmitJob, one call at a time",
+            unary_64_in_flight=f"unary SubmitJob, {IN_FLIGHT} calls in flight, n_single jobs",
+            bulk_api=f"SubmitJobs, {size} jobs per call",
+        ),
+    }
+
+
+def _drain_run(
+    cluster: Cluster, per_tenant: dict[str, Sequence[int]], size: int, timeout_s: float
+) -> dict[str, float]:
+    """Queue the jobs, start the workers, time until every result row is in Postgres."""
+
+    async def queue() -> None:
+        for tenant, numbers in per_tenant.items():
+            async with cluster.client(tenant) as client:
+                await _submit_batches(client, numbers, size)
+
+    asyncio.run(queue())
+    n = sum(len(v) for v in per_tenant.values())
+    launched = cluster.start_workers(wait=False)
+    done_at = cluster.wait_rows(n, timeout_s)
+    stamps = sorted(read_starts(cluster.starts).values())
+    if len(stamps) < n:
+        raise RuntimeError(f"{n} result rows but {len(stamps)} start records")
+    span = done_at - stamps[0]
+    return {
+        "jobs_per_s": round((n - 1) / span, 1),
+        "drain_s": round(span, 3),
+        "start_jobs_per_s": round((n - 1) / (stamps[-1] - stamps[0]), 1),
+        "launch_to_first_start_s": round(stamps[0] - launched, 3),
+    }
+
+
+def drain(req: dict[str, Any]) -> dict[str, Any]:
+    p = req["params"]
+    with Cluster(req, req["redis_urls"][:1], ["bench"]) as cluster:
+        metrics = _drain_run(cluster, {"bench": range(p["n"])}, p["batch_size"], p["timeout_s"])
+        rows = cluster.result_rows()
+    return {
+        "metrics": metrics,
+        "config": _config(
+            req,
+            queued_with=f"SubmitJobs, {p['batch_size']} per call, before the workers start",
+            rate="jobs_per_s and drain_s: first job start -> last result row seen in Postgres "
+            f"(polled every {ROW_POLL_S * 1000:g} ms); start_jobs_per_s: first -> last start "
+            "(the peers' definition)",
+            result_rows=rows,
+            duplicates=duplicate_starts(cluster.starts),
+        ),
+    }
+
+
+async def _warm_up(cluster: Cluster, client: AsyncClient) -> int:
+    for k in range(4):
+        await client.submit(NOOP, WARMUP_BASE + k)
+    await asyncio.to_thread(cluster.wait_starts, 4, 60)
+    await asyncio.sleep(0.3)
+    return count_starts(cluster.starts)
+
+
+def latency(req: dict[str, Any]) -> dict[str, Any]:
+    p = req["params"]
+    n = p["n"]
+    submitted: dict[int, float] = {}
+    with Cluster(req, req["redis_urls"][:1], ["bench"]) as cluster:
+        cluster.start_workers()
+
+        async def go() -> None:
+            async with cluster.client("bench") as client:
+                seen = await _warm_up(cluster, client)
+                rng = random.Random(7)
+                for i in range(n):
+                    await asyncio.sleep(rng.uniform(p["gap_min_s"], p["gap_max_s"]))
+                    submitted[i] = time.time()
+                    await client.submit(NOOP, i)
+                    seen += 1
+                    if wait_for_starts(cluster.starts, seen, timeout=30, poll=0.0005) < seen:
+                        cluster.check_alive()
+                        raise RuntimeError(f"job {i} did not start within 30 s")
+
+        asyncio.run(go())
+        starts = read_starts(cluster.starts)
+    waits = [starts[i] - submitted[i] for i in range(n)]
+    return {
+        "metrics": summary_ms(waits),
+        "config": _config(
+            req, submit="unary SubmitJob, wait until it starts, idle gap, repeat (4 warm-up jobs)"
+        ),
+    }
+
+
+def delayed(req: dict[str, Any]) -> dict[str, Any]:
+    p = req["params"]
+    n, rate = p["n"], p["due_per_s"]
+    with Cluster(req, req["redis_urls"][:1], ["bench"]) as cluster:
+        cluster.start_workers()
+        late_submits = 0
+
+        async def go() -> tuple[list[int], float]:
+            nonlocal late_submits
+            async with cluster.client("bench") as client:
+                await _warm_up(cluster, client)
+                base_ms = int((time.time() + p["lead_s"]) * 1000)
+                run_at = [base_ms + i * 1000 // rate for i in range(n)]
+                t0 = time.perf_counter()
+                size = 100
+                for lo in range(0, n, size):
+                    due = run_at[lo : lo + size]
+                    await _submit_batches(client, range(lo, lo + len(due)), size, due)
+                    late_submits += sum(1 for at in due if at < time.time() * 1000)
+                return run_at, time.perf_counter() - t0
+
+        run_at_ms, submit_s = asyncio.run(go())
+        cluster.wait_starts(n + 4, p["lead_s"] + n / rate + p["timeout_s"])
+        time.sleep(0.2)
+        starts = read_starts(cluster.starts)
+    lateness = [starts[i] - run_at_ms[i] / 1000 for i in range(n)]
+    metrics = summary_ms(lateness)
+    metrics["early_jobs"] = sum(1 for x in lateness if x < 0)
+    metrics["min_ms"] = round(min(lateness) * 1000, 3)
+    return {
+        "metrics": metrics,
+        "config": _config(
+            req,
+            delay_api="SubmitJobs with run_at_unix_ms (whole ms), 100 per call",
+            submit_s=round(submit_s, 3),
+            submitted_after_run_at=late_submits,
+            duplicates=duplicate_starts(cluster.starts),
+        ),
+    }
+
+
+def fairness(req: dict[str, Any]) -> dict[str, Any]:
+    p = req["params"]
+    n_a, n_b = p["n_a"], p["n_b"]
+    with Cluster(req, req["redis_urls"][:1], ["bench-a", "bench-b"]) as cluster:
+
+        async def flood() -> list[float]:
+            async with cluster.client("bench-a") as client:
+                return await _submit_batches(client, range(n_a), p["batch_size"])
+
+        a_times = asyncio.run(flood())
+        cluster.start_workers(wait=False)
+        b_times: list[float] = []
+
+        async def tenant_b() -> None:
+            async with cluster.client("bench-b") as client:
+                await client.tenant_stats()  # connected before the first start
+                await asyncio.to_thread(cluster.wait_starts, 1, 120)
+                for k in range(n_b):
+                    b_times.append(time.time())
+                    await client.submit(NOOP, TENANT_B_BASE + k)
+                    await asyncio.sleep(p["b_gap_s"])
+
+        asyncio.run(tenant_b())
+        cluster.wait_starts(n_a + n_b, p["timeout_s"])
+        starts = read_starts(cluster.starts)
+    opened = min(starts.values())
+    a_waits = [starts[i] - max(a_times[i], opened) for i in range(n_a)]
+    b_waits = [starts[TENANT_B_BASE + k] - b_times[k] for k in range(n_b)]
+    metrics = {**summary_ms(b_waits, "b_wait_"), **summary_ms(a_waits, "a_wait_")}
+    metrics["b_p99_over_a_p99"] = round(metrics["b_wait_p99_ms"] / metrics["a_wait_p99_ms"], 3)
+    metrics["flood_drain_s"] = round(max(starts[i] for i in range(n_a)) - opened, 3)
+    return {
+        "metrics": metrics,
+        "config": _config(
+            req,
+            queues="two shardq tenants (bench-a, bench-b) on one shard, same priority: "
+            "served round-robin",
+            a_submitted_with=f"SubmitJobs, {p['batch_size']} per call, before workers start",
+            b_submitted="unary SubmitJob, b_gap_s apart, from the first job start on",
+            duplicates=duplicate_starts(cluster.starts),
+        ),
+    }
+
+
+class ShiftedClock:
+    """The system clock moved ``shift_ms`` ahead: promotes jobs scheduled a little in the
+    future (the probe) without waiting for them, while the far-future backlog stays put."""
+
+    def __init__(self, shift_ms: int) -> None:
+        self.shift_ms = shift_ms
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000 + self.shift_ms
+
+
+async def _probe(url: str, n: int, tenant: str) -> dict[str, float]:
+    """µs per job of claim (batches of 100) and promote (batches of 500) for ``n`` jobs."""
+    redis = Redis.from_url(url)
+    client = ShardClient(redis)
+    ahead = ShardClient(redis, clock=ShiftedClock(120_000))
+    try:
+        await client.enqueue([NewJob(tenant, NOOP, b"0", uuid.uuid4().hex) for _ in range(n)])
+        t0 = time.perf_counter()
+        claimed = []
+        while len(claimed) < n:
+            got = await client.claim("bench-probe", 100, 60_000)
+            if not got:
+                raise RuntimeError(f"claimed {len(claimed)}/{n} probe jobs")
+            claimed += got
+        claim_s = time.perf_counter() - t0
+        for lo in range(0, n, 500):
+            await client.ack([_lease(j) for j in claimed[lo : lo + 500]])
+        soon = client.clock.now_ms() + 60_000
+        jobs = [NewJob(tenant, NOOP, b"0", uuid.uuid4().hex, run_at_ms=soon) for _ in range(n)]
+        await client.enqueue(jobs)
+        t0 = time.perf_counter()
+        promoted, _ = await ahead.promote()
+        promote_s = time.perf_counter() - t0
+        if promoted != n:
+            raise RuntimeError(f"promoted {promoted}/{n} probe jobs")
+        while got := await client.claim("bench-probe", 100, 60_000):  # leave the shard as found
+            await client.ack([_lease(j) for j in got])
+    finally:
+        await redis.aclose()
+    return {"claim_us": claim_s / n * 1e6, "promote_us": promote_s / n * 1e6}
+
+
+def _lease(job: ClaimedJob) -> Lease:
+    return Lease(job.job_id, job.fence)
+
+
+async def _used_memory(redis: Redis) -> int:
+    info = await redis.info("memory")
+    return int(info["used_memory"])
+
+
+async def _load(url: str, count: int) -> dict[str, float]:
+    """``count`` jobs scheduled an hour or more ahead, through the shard API, 500 per call."""
+    redis = Redis.from_url(url)
+    client = ShardClient(redis)
+    try:
+        before = await _used_memory(redis)
+        t0 = time.perf_counter()
+        base = client.clock.now_ms() + 3_600_000
+        step = 500
+        for lo in range(0, count, step):
+            jobs = [
+                NewJob("bench-load", NOOP, str(i).encode(), uuid.uuid4().hex, run_at_ms=base + i)
+                for i in range(lo, min(count, lo + step))
+            ]
+            await client.enqueue(jobs)
+        load_s = time.perf_counter() - t0
+        after = await _used_memory(redis)
+        scheduled = await redis.zcard(client.keys.scheduled())
+    finally:
+        await redis.aclose()
+    if scheduled != count:
+        raise RuntimeError(f"{scheduled} jobs scheduled, expected {count}")
+    return {"bytes": (after - before) / count, "load_s": load_s}
+
+
+def scale(req: dict[str, Any]) -> dict[str, Any]:
+    count = req["params"]["scheduled"]
+    url = req["redis_urls"][0]
+    probe_n = 10_000 if not req.get("quick") else 500
+    # The probe is run twice on each shard state: the first pass warms Redis' script cache
+    # and the client's connection; the second is reported.
+    asyncio.run(_probe(url, probe_n, "bench-probe"))
+    empty = asyncio.run(_probe(url, probe_n, "bench-probe"))
+    loaded_info = asyncio.run(_load(url, count))
+    asyncio.run(_probe(url, probe_n, "bench-probe"))
+    loaded = asyncio.run(_probe(url, probe_n, "bench-probe"))
+    avg_payload = sum(len(str(i)) for i in range(count)) / count
+    return {
+        "metrics": {
+            "redis_bytes_per_scheduled_job": round(loaded_info["bytes"], 1),
+            "claim_us_per_job_empty": round(empty["claim_us"], 2),
+            "claim_us_per_job_loaded": round(loaded["claim_us"], 2),
+            "promote_us_per_job_empty": round(empty["promote_us"], 2),
+            "promote_us_per_job_loaded": round(loaded["promote_us"], 2),
+            "claim_loaded_over_empty": round(loaded["claim_us"] / empty["claim_us"], 3),
+            "promote_loaded_over_empty": round(loaded["promote_us"] / empty["promote_us"], 3),
+            "load_jobs_per_s": round(count / loaded_info["load_s"], 1),
+        },
+        "config": {
+            "params": req["params"],
+            "concurrency": {"processes": 1, "how": "this process, through shard.client"},
+            "how": "jobs enqueued through shard.client.ShardClient (the shard's Python API; "
+            "claim and promote are shard operations, the coordinator is not on their path); "
+            f"claim and promote timed per job over {probe_n} probe jobs (claim: batches of "
+            "100; promote: batches of 500), each measured on the empty shard and with the "
+            "scheduled backlog, after one warm-up pass",
+            "backlog": f"{count} jobs of one tenant scheduled 1 h ahead and later, "
+            f"payload {avg_payload:.1f} bytes on average, 32-char request IDs",
+            "bytes_per_job": "Redis used_memory growth / jobs: job hash, both delayed ZSET "
+            "entries, the dedupe key",
+        },
+    }
+
+
+def multishard(req: dict[str, Any]) -> dict[str, Any]:
+    p = req["params"]
+    urls = req["redis_urls"]
+    metrics: dict[str, float] = {}
+    per_k: dict[str, Any] = {}
+    for k in p["shards"]:
+        if len(urls) < k:
+            raise RuntimeError(f"{k} shards asked, {len(urls)} Redis servers given")
+        tenants = [f"bench-{i}" for i in range(k)]
+        sub = {**req, "workdir": os.path.join(req["workdir"], f"{k}-shards")}
+        os.makedirs(sub["workdir"], exist_ok=True)
+        pins = {t: i for i, t in enumerate(tenants)}
+        split = {t: range(i, p["n"], k) for i, t in enumerate(tenants)}
+        with Cluster(sub, urls[:k], tenants, pins=pins) as cluster:
+            run = _drain_run(cluster, split, 1000, 900)
+        metrics[f"jobs_per_s_{k}_shards"] = run["jobs_per_s"]
+        per_k[str(k)] = run
+    return {
+        "metrics": metrics,
+        "config": _config(
+            req,
+            per_shard_count=per_k,
+            layout="k redis-server processes (one per shard), k shard loops, one coordinator, "
+            f"{WORKERS} workers; one tenant pinned to each shard, n jobs split evenly, queued "
+            "before the workers start; rate to the last result row in Postgres",
+            cpu_limit="2 cores for everything: the workers, k Redis servers, k shard loops, "
+            "the coordinator and Postgres. More shards add Redis capacity but no CPU, so this "
+            "shows the cost per shard (flat = no overhead from sharding), not scale-out",
+        ),
+    }
+
+
+SCENARIOS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "submit": submit,
+    "drain": drain,
+    "latency": latency,
+    "delayed": delayed,
+    "scale": scale,
+    "fairness": fairness,
+    "multishard": multishard,
+}
 
 
 def main() -> None:
-    request = json.loads(sys.stdin.read() or "{}")
-    if request.get("op") == "describe":
-        answer = {
-            "system": "shardq",
-            "versions": {"shardq": "stub", "python": sys.version.split()[0]},
-            "needs": ["redis", "postgres"],
-            "scenarios": dict.fromkeys(SCENARIOS, "supported"),
-            "skipped": SKIPPED,
-        }
-    else:
-        answer = {"system": "shardq", "scenario": request.get("scenario"), "skipped": SKIPPED}
-    sys.stdout.write(json.dumps(answer) + "\n")
+    serve("shardq", _versions(), dict(SCENARIOS), needs=("redis", "postgres"))
 
 
 if __name__ == "__main__":

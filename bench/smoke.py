@@ -8,9 +8,10 @@ or from a test::
     smoke(tmp_path)                  # raises AssertionError on a wrong shape
 
 It runs ``bench/run.py --quick --peers rq`` (rq's venv is made under bench/.venvs/ on first
-use, from PyPI) with the shardq stub, then checks the JSON: every supported scenario measured
-for rq with its figures and stated concurrency, shardq marked skipped (never a number) while
-its bench is the stub, and the scenarios shardq alone has marked unsupported for rq.
+use, from PyPI) and shardq (the project's .venv, a real cluster per run), then checks the JSON:
+every scenario measured for shardq and every shared one for rq, with its figures (numbers) and
+stated concurrency, the scenarios shardq alone has marked unsupported for rq, and a headline
+ratio for every headline figure.
 """
 
 from __future__ import annotations
@@ -31,12 +32,20 @@ PEER_SCENARIOS = {
     "fairness": {"b_wait_p99_ms", "a_wait_p99_ms", "b_p99_over_a_p99"},
 }
 SHARDQ_ONLY = {"scale", "multishard"}
+SHARDQ_SCENARIOS = {
+    **PEER_SCENARIOS,
+    "submit": {"single_jobs_per_s", "unary_64_in_flight_jobs_per_s", "batch_jobs_per_s"},
+    "drain": {"jobs_per_s", "drain_s", "start_jobs_per_s", "launch_to_first_start_s"},
+    "scale": {"redis_bytes_per_scheduled_job", "claim_us_per_job_empty", "claim_us_per_job_loaded",
+              "promote_us_per_job_empty", "promote_us_per_job_loaded"},
+    "multishard": {"jobs_per_s_1_shards", "jobs_per_s_2_shards"},
+}  # fmt: skip
 TOP_KEYS = {"schema", "command", "machine", "services", "systems", "params", "runs", "summary",
             "headline", "repeat", "quick", "scenarios"}  # fmt: skip
 
 
 def check(result: dict[str, Any]) -> None:
-    """Assert that a --quick run over rq (+ the shardq stub) produced the expected shape."""
+    """Assert that a --quick run over rq and shardq produced the expected shape."""
     assert result.keys() >= TOP_KEYS, TOP_KEYS - result.keys()
     assert result["schema"] == "shardq-bench/1"
     machine = result["machine"]
@@ -61,17 +70,28 @@ def check(result: dict[str, Any]) -> None:
     for scenario in SHARDQ_ONLY:
         rq = [r for r in runs if r["system"] == "rq" and r["scenario"] == scenario]
         assert [r["status"] for r in rq] == ["unsupported"], rq
-    if result["systems"]["shardq"].get("skipped"):  # the stub: shardq is never a number
-        shardq = [r for r in runs if r["system"] == "shardq"]
-        assert {r["status"] for r in shardq} == {"skipped"}, shardq
-        assert all("shardq" not in per for m in result["summary"].values() for per in m.values())
-        assert all(h["shardq"] is None for h in result["headline"])
+    assert not result["systems"]["shardq"].get("skipped"), result["systems"]["shardq"]
+    for scenario, figures in SHARDQ_SCENARIOS.items():
+        ok = [r for r in runs if r["system"] == "shardq" and r["scenario"] == scenario]
+        assert [r["status"] for r in ok] == ["ok"], (scenario, ok)
+        run = ok[0]
+        assert figures <= run["metrics"].keys(), (scenario, run["metrics"])
+        assert all(isinstance(v, int | float) for v in run["metrics"].values()), run["metrics"]
+        assert run["config"]["params"] == result["params"][scenario]
+        assert run["config"]["concurrency"]["how"], run["config"]
+        if scenario != "scale":  # scale runs in the bench process alone
+            assert run["config"]["concurrency"]["processes"] == 2, run["config"]
+        assert run["config"].get("duplicates", 0) == 0, run["config"]
+    drain = next(r for r in runs if r["system"] == "shardq" and r["scenario"] == "drain")
+    assert drain["config"]["result_rows"] == drain["params"]["n"], drain["config"]
+    assert all(h["shardq"] is not None for h in result["headline"]), result["headline"]
+    assert all(h["ratio_shardq_over_best_peer"] for h in result["headline"]), result["headline"]
     rq_best = [h for h in result["headline"] if h["best_peer"] == "rq"]
     assert rq_best, result["headline"]
 
 
 def smoke(workdir: str | Path | None = None, timeout: float = 240) -> dict[str, Any]:
-    """Run the quick benchmark for rq + the shardq stub; check and return the JSON."""
+    """Run the quick benchmark for rq and shardq; check and return the JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(workdir or tmp) / "smoke.json"
         cmd = [sys.executable, str(HERE / "run.py"), "--quick", "--peers", "rq", "--out", str(out)]

@@ -181,11 +181,16 @@ def bin_of(name: str) -> str:
 Scenario = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def serve(system: str, versions: dict[str, str], scenarios: dict[str, Scenario | str]) -> None:
+def serve(
+    system: str,
+    versions: dict[str, str],
+    scenarios: dict[str, Scenario | str],
+    needs: Sequence[str] = ("redis",),
+) -> None:
     """Read one JSON request from stdin, answer with one JSON line on stdout.
 
     ``scenarios`` maps a scenario name to its function, or to a string saying why the
-    system does not support it.
+    system does not support it; ``needs`` names the services ``run.py`` must start.
     """
     request = json.loads(sys.stdin.read() or "{}")
     op = request.get("op", "run")
@@ -193,7 +198,7 @@ def serve(system: str, versions: dict[str, str], scenarios: dict[str, Scenario |
         answer: dict[str, Any] = {
             "system": system,
             "versions": versions,
-            "needs": ["redis"],
+            "needs": list(needs),
             "scenarios": {
                 name: ("supported" if callable(fn) else f"unsupported: {fn}")
                 for name, fn in scenarios.items()

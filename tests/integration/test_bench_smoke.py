@@ -1,0 +1,34 @@
+"""The benchmark's smoke run (``bench/smoke.py``), so the harness cannot rot unnoticed.
+
+``run.py --quick`` for rq (its venv is made under bench/.venvs/ from PyPI on first use) and for
+shardq (a real cluster per scenario: Redis, Postgres, coordinator, shard loops, workers), then
+the shape of the JSON and that every shardq figure is a number. Tiny counts: a check that it
+runs and reports, not a measurement (no timing is asserted).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load_smoke() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_smoke", BENCH / "smoke.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)  # ~1.5 min on 2 cores, plus rq's one-time pip install
+def test_quick_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
+    result = _load_smoke().smoke(tmp_path, timeout=400)
+    shardq = [r for r in result["runs"] if r["system"] == "shardq"]
+    assert {r["scenario"] for r in shardq} == set(result["scenarios"])
+    assert all(r["status"] == "ok" for r in shardq), shardq
