@@ -25,6 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--key-prefix", "shardq", "prefix of every Redis key")
     config.add(p, "--leader-ttl-ms", 5_000, "leader lease length", int)
     config.add(p, "--reap-interval-ms", 1_000, "how often expired leases are reaped", int)
+    config.add(p, "--load-interval-s", 10.0, "how often tenant load is sampled (0: off)", float)
+    config.add(p, "--load-top-tenants", 50, "tenants with their own gauges on /metrics", int)
     config.add(p, "--instance-id", default_instance_id(), "name of this loop in the lease")
     config.add(p, "--metrics-port", 9091, "HTTP port for /metrics and /healthz (0: any)", int)
     config.add(p, "--log-level", "INFO", "logging level")
@@ -42,6 +44,8 @@ async def serve(args: argparse.Namespace) -> None:
             leader_ttl_ms=args.leader_ttl_ms,
             reap_interval_ms=args.reap_interval_ms,
             instance_id=args.instance_id,
+            load_interval_s=args.load_interval_s,
+            load_top_tenants=args.load_top_tenants,
         ),
         LoopMetrics(registry, str(args.shard_id)),
     )

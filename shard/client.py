@@ -41,6 +41,7 @@ from shard.models import (
     ScheduleSpec,
     ShardSettings,
     TenantCounts,
+    TenantLoad,
 )
 from shard.scripts import register_all
 
@@ -355,6 +356,51 @@ class ShardClient:
 
     async def tenants(self) -> list[str]:
         return sorted(m.decode() for m in await self._r.smembers(self.keys.tenants()))
+
+    # --- load per tenant (rates sampled by the shard loop, see shard/load.py) -------------
+
+    async def load_rows(
+        self, tenants: Sequence[str] | None = None
+    ) -> list[tuple[str, dict[str, int], dict[str, Any]]]:
+        """(tenant, counts hash, last load sample) of the given tenants, else of every tenant.
+
+        Read in pipelined chunks of ``max_batch`` tenants, one round trip each, so a shard
+        with thousands of tenants costs a few round trips, not thousands. An unreadable
+        sample counts as none (the sampler then starts the tenant afresh).
+        """
+        names = list(tenants) if tenants is not None else await self.tenants()
+        rows: list[tuple[str, dict[str, int], dict[str, Any]]] = []
+        step = self.settings.max_batch
+        for i in range(0, len(names), step):
+            chunk = names[i : i + step]
+            pipe = self._r.pipeline(transaction=False)
+            for tenant in chunk:
+                pipe.hgetall(self.keys.counts(tenant))
+            pipe.hmget(self.keys.load(), chunk)
+            *counts, samples = await pipe.execute()
+            for tenant, raw, sample in zip(chunk, counts, samples, strict=True):
+                try:
+                    parsed = json.loads(sample) if sample else {}
+                except ValueError:
+                    parsed = {}
+                rows.append(
+                    (
+                        tenant,
+                        {k.decode(): int(v) for k, v in raw.items()},
+                        parsed if isinstance(parsed, dict) else {},
+                    )
+                )
+        return rows
+
+    async def tenant_loads(self) -> dict[str, TenantLoad]:
+        """Every tenant of this shard with its gauges now and its last sampled rates."""
+        return {t: TenantLoad.of(t, c, s) for t, c, s in await self.load_rows()}
+
+    async def tenant_load(self, tenant: str) -> TenantLoad:
+        """One tenant's load; all zeros for a tenant this shard does not know."""
+        validation.tenant_id(tenant)
+        ((_, counts, sample),) = await self.load_rows([tenant])
+        return TenantLoad.of(tenant, counts, sample)
 
     async def set_weight(self, tenant: str, weight: int) -> None:
         """Jobs a tenant gets per round-robin turn (1 = an equal share)."""

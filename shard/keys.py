@@ -119,6 +119,17 @@ class Keys:
         """SET: every tenant that has or had jobs on this shard."""
         return f"{self.prefix}:tenants"
 
+    def load(self) -> str:
+        """HASH: tenant -> its last load sample, compact JSON, written by the shard loop.
+
+        ``{"at_ms", "submitted", "succeeded", "failed"}`` are the tenant's counters (from
+        :meth:`counts`) when sampled at ``at_ms``; ``submit_per_s``, ``complete_per_s`` and
+        ``fail_per_s`` are their rates since the sample before (absent on a tenant's first
+        sample). Kept in Redis so a new leader goes on from the old one's last sample. Written
+        only by :mod:`shard.load`, never by a Lua script: the hot path does no extra work.
+        """
+        return f"{self.prefix}:load"
+
     def bucket(self, tenant: str) -> str:
         """HASH ``{tokens, ts}``: the tenant's submit-rate token bucket."""
         return f"{self.prefix}:bucket:{tenant}"

@@ -1,10 +1,11 @@
 """The shard loop (``shardq-shard``): one active per shard, by a leader lease in its Redis.
 
-The leader promotes due jobs, fires recurring schedules and reaps expired leases. It sleeps
-exactly until the next due job or cron tick, and wakes at once when an earlier job is
-scheduled (``enqueue``/``fail`` push a token on ``promoter_wake``). A standby retries the
-lease every third of its TTL, so it takes over within ~1.3 TTL of the leader dying. Promotion
-is idempotent, so two leaders for a moment (a paused process whose lease ran out) do no harm.
+The leader promotes due jobs, fires recurring schedules, reaps expired leases and samples
+every tenant's load (:mod:`shard.load`). It sleeps exactly until the next due job or cron
+tick, and wakes at once when an earlier job is scheduled (``enqueue``/``fail`` push a token on
+``promoter_wake``). A standby retries the lease every third of its TTL, so it takes over
+within ~1.3 TTL of the leader dying. Promotion is idempotent, so two leaders for a moment (a
+paused process whose lease ran out) do no harm.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from redis.exceptions import RedisError
 from shard import cron
 from shard.client import ShardClient
 from shard.errors import NotFound
+from shard.load import LoadSampler, TenantGauges
 from shard.models import DueTick, NewJob
 
 log = logging.getLogger("shardq.shard")
@@ -41,6 +43,10 @@ class LoopSettings:
     max_idle_ms: int = 5_000
     #: Pause after a Redis error before trying again, in ms.
     retry_delay_ms: int = 500
+    #: How often the leader samples every tenant's load, in s; 0 turns sampling off.
+    load_interval_s: float = 10.0
+    #: Tenants with per-tenant gauges on /metrics: the busiest this many (bounds the labels).
+    load_top_tenants: int = 50
     instance_id: str = field(default_factory=default_instance_id)
 
 
@@ -63,6 +69,7 @@ class LoopMetrics:
             "shardq_cron_fired", "Recurring schedule occurrences enqueued", ["shard"],
             registry=registry,
         ).labels(**labels)  # fmt: skip
+        self.tenants = TenantGauges(registry, shard_id)
         self.shard_id = shard_id
 
 
@@ -82,6 +89,14 @@ class ShardLoop:
         self.role = "standby"
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
+        self.sampler = LoadSampler(
+            shard,
+            self.metrics.tenants,
+            top_n=settings.load_top_tenants,
+            # Half an interval: a loop that takes over just after the last sample keeps the
+            # old leader's rates instead of computing them over a sliver of time.
+            min_gap_ms=int(settings.load_interval_s * 500),
+        )
 
     def stop(self) -> None:
         self._stopping.set()
@@ -119,10 +134,14 @@ class ShardLoop:
                 group.create_task(self._promote_forever())
                 group.create_task(self._listen_for_wake())
                 group.create_task(self._reap_forever())
+                if self.settings.load_interval_s > 0:
+                    group.create_task(self._sample_load_forever())
         except* LeadershipLost:
             log.warning("leader lease lost; standing by")
         finally:
             self.metrics.leader.set(0)
+            # Only the leader samples: a standby showing its last figures would show stale ones.
+            self.metrics.tenants.clear()
             self.role = "standby"
 
     async def _keep_lease(self) -> None:
@@ -216,3 +235,11 @@ class ShardLoop:
             except RedisError as exc:
                 log.warning("reap failed: %s", exc)
             await asyncio.sleep(self.settings.reap_interval_ms / 1000)
+
+    async def _sample_load_forever(self) -> None:
+        while True:
+            try:
+                await self.sampler.sample()
+            except RedisError as exc:
+                log.warning("load sample failed: %s", exc)
+            await asyncio.sleep(self.settings.load_interval_s)

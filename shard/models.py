@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from shard.backoff import Backoff
 from shard.errors import ItemCode
@@ -153,6 +154,71 @@ class TenantCounts:
     submitted: int = 0
     succeeded: int = 0
     failed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLoad:
+    """One tenant's load on its shard: gauges read now, rates from the shard loop's sampler.
+
+    The gauges and totals come from the tenant's counts hash at the time of the read. The rates
+    are those of the last interval the leading shard loop sampled (:mod:`shard.load`, every
+    ``load_interval_s``); they stay 0 until it has sampled the tenant twice. ``at_ms`` is when
+    the last sample was taken (unix ms, 0 for none): rates older than a few intervals mean no
+    loop leads the shard.
+    """
+
+    tenant: str
+    scheduled: int = 0
+    ready: int = 0
+    active: int = 0
+    dead: int = 0
+    #: Jobs accepted (deduplicated submits not counted), ever (the ``submitted`` counter).
+    submitted_total: int = 0
+    #: Jobs that succeeded, ever (the ``succeeded`` counter).
+    completed_total: int = 0
+    #: Attempts that failed or whose lease expired, ever (the ``failed`` counter).
+    failed_total: int = 0
+    #: Jobs accepted per second over the last sampled interval.
+    submit_per_s: float = 0.0
+    #: Jobs that succeeded per second over the last sampled interval.
+    complete_per_s: float = 0.0
+    #: Failed or expired attempts per second over the last sampled interval.
+    fail_per_s: float = 0.0
+    #: When the rates were sampled, unix ms; 0 before the first sample.
+    at_ms: int = 0
+
+    @property
+    def pending(self) -> int:
+        """Jobs waiting or running: scheduled + ready + active."""
+        return self.scheduled + self.ready + self.active
+
+    @classmethod
+    def of(cls, tenant: str, counts: dict[str, int], sample: dict[str, Any]) -> TenantLoad:
+        """From a tenant's counts hash and its entry of the load hash (see ``Keys.load``)."""
+
+        def gauge(name: str) -> int:
+            # A gauge may dip below 0 for a moment while a move or a repair adjusts it.
+            return max(0, counts.get(name, 0))
+
+        def rate(name: str) -> float:
+            value = sample.get(name, 0.0)
+            return float(value) if isinstance(value, int | float) else 0.0
+
+        at = sample.get("at_ms", 0)
+        return cls(
+            tenant=tenant,
+            scheduled=gauge("scheduled"),
+            ready=gauge("ready"),
+            active=gauge("active"),
+            dead=gauge("dead"),
+            submitted_total=gauge("submitted"),
+            completed_total=gauge("succeeded"),
+            failed_total=gauge("failed"),
+            submit_per_s=rate("submit_per_s"),
+            complete_per_s=rate("complete_per_s"),
+            fail_per_s=rate("fail_per_s"),
+            at_ms=at if isinstance(at, int) else 0,
+        )
 
 
 @dataclass(frozen=True, slots=True)

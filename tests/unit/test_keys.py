@@ -33,8 +33,9 @@ LUA_TO_PYTHON = {
     "schedules": "schedules",
     "cron": "cron",
 }
-#: Keys methods with no Lua builder: passed in KEYS by their only scripts.
-PYTHON_ONLY = {"base", "leader"}
+#: Keys methods with no Lua builder: passed in KEYS by their only scripts, or (load) used by
+#: no script at all.
+PYTHON_ONLY = {"base", "leader", "load"}
 
 #: One sample value per parameter name; distinct so a swapped argument shows in the key.
 SAMPLES: dict[str, object] = {
