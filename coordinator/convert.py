@@ -8,7 +8,7 @@ from typing import Any
 
 from shard import cron, validation
 from shard.errors import InvalidArgument
-from shard.models import JobRecord, Limits, NewJob, Schedule, ScheduleSpec
+from shard.models import JobRecord, Limits, NewJob, Schedule, ScheduleSpec, TenantLoad
 from shardq.v1 import common_pb2, schedules_pb2
 
 STATE_TO_PB = {
@@ -138,6 +138,25 @@ def job_to_pb(rec: JobRecord, shard_id: int, result: bytes | None = None) -> com
         result=result or b"",
         shard_id=shard_id,
         cancel_requested=rec.cancel_requested,
+    )
+
+
+def tenant_stats_pb(tenant: str, shard_id: int, load: TenantLoad) -> common_pb2.TenantStats:
+    """Every field of TenantStats from a tenant's load (``ShardClient.tenant_load(s)``)."""
+    return common_pb2.TenantStats(
+        tenant_id=tenant,
+        shard_id=shard_id,
+        scheduled=load.scheduled,
+        ready=load.ready,
+        active=load.active,
+        dead=load.dead,
+        submitted_total=load.submitted_total,
+        completed_total=load.completed_total,
+        failed_total=load.failed_total,
+        submitted_per_s=load.submit_per_s,
+        completed_per_s=load.complete_per_s,
+        failed_per_s=load.fail_per_s,
+        rates_sampled_at_unix_ms=load.at_ms,
     )
 
 

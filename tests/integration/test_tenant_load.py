@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
+from coordinator.convert import tenant_stats_pb
 from shard import FakeClock, NewJob, ShardClient, ShardSettings
 from shard.__main__ import parse_args
 from shard.errors import InvalidArgument
@@ -259,3 +260,32 @@ def test_the_load_settings_are_flags_with_environment_variables(
     args = parse_args([])
     assert (args.load_interval_s, args.load_top_tenants) == (2.5, 7)
     assert parse_args(["--load-interval-s", "0"]).load_interval_s == 0.0
+
+
+# --- the tenant stats of the API ---------------------------------------------------------
+
+
+def test_tenant_stats_fill_every_field_of_the_message() -> None:
+    load = TenantLoad(
+        "acme", scheduled=1, ready=2, active=3, dead=4, submitted_total=5, completed_total=6,
+        failed_total=7, submit_per_s=8.5, complete_per_s=9.5, fail_per_s=10.5, at_ms=11,
+    )  # fmt: skip
+    pb = tenant_stats_pb("acme", 12, load)
+    unset = [f.name for f in pb.DESCRIPTOR.fields if getattr(pb, f.name) == f.default_value]
+    assert not unset, f"TenantStats fields tenant_stats_pb leaves unset: {unset}"
+    assert (pb.tenant_id, pb.shard_id, pb.scheduled, pb.dead) == ("acme", 12, 1, 4)
+    assert (pb.submitted_total, pb.completed_total, pb.failed_total) == (5, 6, 7)
+    assert (pb.submitted_per_s, pb.completed_per_s, pb.failed_per_s) == (8.5, 9.5, 10.5)
+    assert pb.rates_sampled_at_unix_ms == 11
+
+
+async def test_tenant_stats_carry_the_sampled_rates(shard: ShardClient, clock: FakeClock) -> None:
+    sampler = LoadSampler(shard)
+    await shard.enqueue(jobs("acme", 2))
+    await sampler.sample()
+    clock.advance(2 * SECOND)
+    await shard.enqueue(jobs("acme", 6, start=2))
+    await sampler.sample()
+    pb = tenant_stats_pb("acme", 3, await shard.tenant_load("acme"))
+    assert (pb.ready, pb.submitted_total, pb.submitted_per_s) == (8, 8, 3.0)
+    assert pb.rates_sampled_at_unix_ms == clock.now_ms()

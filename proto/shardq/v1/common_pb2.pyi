@@ -299,7 +299,9 @@ Global___ItemError: _TypeAlias = ItemError  # noqa: Y015
 @_typing.final
 class TenantStats(_message.Message):
     """TenantStats are one tenant's queue depths and throughput, as counted by its shard.
-    Next ID: 11
+    Depths and totals are read when asked; rates are those of the last interval the shard's
+    loop sampled (every SHARDQ_LOAD_INTERVAL_S, 10 s by default), 0 until it sampled twice.
+    Next ID: 14
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -314,6 +316,9 @@ class TenantStats(_message.Message):
     COMPLETED_TOTAL_FIELD_NUMBER: _builtins.int
     FAILED_TOTAL_FIELD_NUMBER: _builtins.int
     SUBMITTED_PER_S_FIELD_NUMBER: _builtins.int
+    COMPLETED_PER_S_FIELD_NUMBER: _builtins.int
+    FAILED_PER_S_FIELD_NUMBER: _builtins.int
+    RATES_SAMPLED_AT_UNIX_MS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Tenant the statistics are about."""
     shard_id: _builtins.int
@@ -333,7 +338,21 @@ class TenantStats(_message.Message):
     failed_total: _builtins.int
     """Failed attempts (each retried attempt counts once) since the shard started counting."""
     submitted_per_s: _builtins.float
-    """Recent submit rate in jobs per second (a moving average over the last few seconds)."""
+    """Jobs accepted per second (deduplicated submits not counted) over the last sampled
+    interval: the increase of submitted_total over it.
+    """
+    completed_per_s: _builtins.float
+    """Jobs that SUCCEEDED per second over the last sampled interval: the increase of
+    completed_total over it.
+    """
+    failed_per_s: _builtins.float
+    """Failed attempts per second (retried or not, lease expiries included) over the last
+    sampled interval: the increase of failed_total over it.
+    """
+    rates_sampled_at_unix_ms: _builtins.int
+    """When the rates were sampled, unix ms; 0 when the shard has not sampled the tenant yet.
+    Rates much older than the sampling interval mean no shard loop is leading the shard.
+    """
     def __init__(
         self,
         *,
@@ -347,10 +366,13 @@ class TenantStats(_message.Message):
         completed_total: _builtins.int = ...,
         failed_total: _builtins.int = ...,
         submitted_per_s: _builtins.float = ...,
+        completed_per_s: _builtins.float = ...,
+        failed_per_s: _builtins.float = ...,
+        rates_sampled_at_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "completed_total", b"completed_total", "dead", b"dead", "failed_total", b"failed_total", "ready", b"ready", "scheduled", b"scheduled", "shard_id", b"shard_id", "submitted_per_s", b"submitted_per_s", "submitted_total", b"submitted_total", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "completed_per_s", b"completed_per_s", "completed_total", b"completed_total", "dead", b"dead", "failed_per_s", b"failed_per_s", "failed_total", b"failed_total", "rates_sampled_at_unix_ms", b"rates_sampled_at_unix_ms", "ready", b"ready", "scheduled", b"scheduled", "shard_id", b"shard_id", "submitted_per_s", b"submitted_per_s", "submitted_total", b"submitted_total", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
