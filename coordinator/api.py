@@ -4,6 +4,7 @@ through the shard API, and turns any error into a status code in ``coordinator.e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -17,10 +18,17 @@ from coordinator.app import Coordinator
 from coordinator.assignment import assign
 from coordinator.errors import Ctx, abort, item_code, shorten, translate
 from shard import validation
-from shard.client import raise_for_enqueue
-from shard.errors import AlreadyExists, InvalidArgument, ItemCode, NotFound, ShardqError
+from shard.client import ShardClient, raise_for_enqueue
+from shard.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    ItemCode,
+    NotFound,
+    ShardqError,
+    Unavailable,
+)
 from shard.ids import new_job_id
-from shard.models import EnqueueResult, JobRecord
+from shard.models import EnqueueResult, JobRecord, TenantCounts
 from shardq.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -34,6 +42,9 @@ from shardq.v1 import (
     workers_pb2,
     workers_pb2_grpc,
 )
+
+#: Times a submit is routed again after a shard refused the map it was routed with.
+MAX_REROUTES = 5
 
 #: Most bytes of jobs or schedules in one page of a listing: under the 4 MiB a gRPC client
 #: accepts by default (a page of 100 jobs of 1 MiB payloads would be refused by the client).
@@ -158,6 +169,59 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             self.c.settings.shard.max_payload_bytes,
         )
 
+    async def _enqueue(
+        self, tenant: str, specs: list[common_pb2.JobSpec], coalesce: bool
+    ) -> list[tuple[str, EnqueueResult] | ShardqError]:
+        """Submit ``specs`` to the tenant's shard: per spec, (request_id, result) or the error
+        of a spec that is not a valid job. Jobs a shard refuses as routed with an old map (a
+        move started) are routed again once this replica has caught up with the new one."""
+        out: list[tuple[str, EnqueueResult] | ShardqError | None] = [None] * len(specs)
+        pending = list(range(len(specs)))
+        for _ in range(MAX_REROUTES):
+            smap = self.c.shard_map
+            _, client, coalescer = self.c.route(tenant)
+            now = client.clock.now_ms()
+            prepared: list[list[Any]] = []
+            positions: list[int] = []
+            for i in pending:
+
+                def prepare(
+                    spec: common_pb2.JobSpec = specs[i],
+                    client: ShardClient = client,
+                    now: int = now,
+                ) -> list[Any]:
+                    return client.prepare(self._new_job(tenant, spec), now)
+
+                try:
+                    prepared.append(_prefixed(prepare))
+                    positions.append(i)
+                except ShardqError as exc:
+                    out[i] = exc
+            known = await self.c.moved_duplicates(tenant, prepared)
+            fresh = [k for k, res in enumerate(known) if res is None]
+            batch = [prepared[k] for k in fresh]
+            results: list[EnqueueResult]
+            if not batch:
+                results = []
+            elif coalesce and len(batch) == 1:
+                results = [await coalescer.submit(batch[0], smap.version)]
+            else:
+                results = await client.enqueue_prepared(batch, now, smap.version)
+            for k, fresh_res in zip(fresh, results, strict=True):
+                known[k] = fresh_res
+            pending, needed = [], 0
+            for i, fields, res in zip(positions, prepared, known, strict=True):
+                assert res is not None
+                if res.code is ItemCode.STALE_MAP:
+                    pending.append(i)
+                    needed = max(needed, res.retry_after_ms)
+                else:
+                    out[i] = (fields[2], res)
+            if not pending:
+                return [o for o in out if o is not None]
+            await self.c.catch_up(needed)
+        raise Unavailable("the shard map kept changing under this submit; retry")
+
     async def _job_pb(self, shard_id: int, rec: JobRecord) -> common_pb2.Job:
         result = None
         if rec.state == "succeeded":
@@ -168,16 +232,35 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, tenant: str, state: str, page_size: int, page_token: str
     ) -> tuple[list[common_pb2.Job], str]:
         """One page of jobs that fits in MAX_PAGE_BYTES: asked again with fewer jobs while
-        it does not, so the page token the shard gives is the right one for what is sent."""
-        shard_id, client, _ = self.c.route(tenant)
+        it does not, so the page token the shard gives is the right one for what is sent.
+
+        While the tenant moves, the listing walks the target, then the source: the token is
+        then ``m<side>.<the shard's token>``."""
+        sides = list(reversed(self.c.sides(tenant)))
+        side, inner = 0, page_token
+        if page_token.startswith("m"):
+            head, _, inner = page_token[1:].partition(".")
+            if not head.isdigit():
+                raise InvalidArgument("not a token from this listing", field="page_token")
+            side = int(head)
+        if side >= len(sides):
+            return [], ""  # the move ended while paging: the target's part was listed
+        shard_id, client = sides[side]
         size = convert.page_size(page_size)
         while True:
-            page = await client.list_jobs(tenant, state, size, page_token)
+            page = await client.list_jobs(tenant, state, size, inner)
             jobs = [convert.job_to_pb(r, shard_id) for r in page.jobs]
             total = sum(j.ByteSize() for j in jobs)
             if total <= MAX_PAGE_BYTES or size == 1:
-                return jobs, page.next_page_token
+                break
             size = max(1, min(size - 1, size * MAX_PAGE_BYTES // total))
+        token = page.next_page_token
+        if len(sides) > 1 or page_token.startswith("m"):
+            if token:
+                token = f"m{side}.{token}"
+            elif side + 1 < len(sides):
+                token = f"m{side + 1}."
+        return jobs, token
 
     @unary
     async def SubmitJob(
@@ -186,11 +269,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         tenant = await self.c.tenant_of(context, request.tenant_id)
         if not request.HasField("job"):
             raise InvalidArgument("required", field="job")
-        shard_id, client, coalescer = self.c.route(tenant)
-        prepared = _prefixed(lambda: client.prepare(self._new_job(tenant, request.job)))
-        res = await coalescer.submit(prepared)
+        (outcome,) = await self._enqueue(tenant, [request.job], coalesce=True)
+        if isinstance(outcome, ShardqError):
+            raise outcome
+        res = outcome[1]
         raise_for_enqueue(res)
-        rec = await client.get_job(tenant, res.job_id)
+        shard_id, _, rec = await self.c.find_job(tenant, res.job_id)
         return jobs_pb2.SubmitJobResponse(
             job=convert.job_to_pb(rec, shard_id), deduplicated=res.deduplicated
         )
@@ -205,31 +289,18 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument(
                 f"{len(request.jobs)} jobs is over the {limit} limit", field="jobs"
             )
-        _, client, _ = self.c.route(tenant)
-        items: list[jobs_pb2.SubmitJobsItem | None] = [None] * len(request.jobs)
-        prepared: list[list[Any]] = []
-        positions: list[int] = []
-        now = client.clock.now_ms()
-        for i, spec in enumerate(request.jobs):
-
-            def prepare(spec: common_pb2.JobSpec = spec) -> list[Any]:
-                return client.prepare(self._new_job(tenant, spec), now)
-
-            try:
-                prepared.append(_prefixed(prepare))
-                positions.append(i)
-            except ShardqError as exc:
-                items[i] = _item_error(i, exc)
-        results = await client.enqueue_prepared(prepared, now) if prepared else []
-        for i, fields, res in zip(positions, prepared, results, strict=True):
-            items[i] = _item(i, fields[2], res)
-        return jobs_pb2.SubmitJobsResponse(items=[it for it in items if it is not None])
+        outcomes = await self._enqueue(tenant, list(request.jobs), coalesce=False)
+        return jobs_pb2.SubmitJobsResponse(
+            items=[
+                _item_error(i, o) if isinstance(o, ShardqError) else _item(i, o[0], o[1])
+                for i, o in enumerate(outcomes)
+            ]
+        )
 
     @unary
     async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Ctx) -> common_pb2.Job:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        shard_id, client, _ = self.c.route(tenant)
-        rec = await client.get_job(tenant, _job_id(request.job_id))
+        shard_id, _, rec = await self.c.find_job(tenant, _job_id(request.job_id))
         return await self._job_pb(shard_id, rec)
 
     @unary
@@ -237,12 +308,18 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.CancelJobRequest, context: Ctx
     ) -> jobs_pb2.CancelJobResponse:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        shard_id, client, _ = self.c.route(tenant)
         job_id = _job_id(request.job_id)
-        rec = await client.get_job(tenant, job_id)
-        if rec.state != "cancelled":
-            await client.cancel(tenant, job_id)
-            rec = await client.get_job(tenant, job_id)
+        for _ in range(MAX_REROUTES * 10):
+            shard_id, client, rec = await self.c.find_job(tenant, job_id)
+            if rec.state == "cancelled":
+                break
+            code, _ = await client.cancel(tenant, job_id)
+            if code is not ItemCode.MOVING:
+                rec = await client.get_job(tenant, job_id)
+                break
+            await asyncio.sleep(0.05)  # being copied to the move's target: ask again there
+        else:
+            raise Unavailable("the job's tenant is being moved to another shard; retry")
         return jobs_pb2.CancelJobResponse(job=convert.job_to_pb(rec, shard_id))
 
     @unary
@@ -269,9 +346,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         last: common_pb2.Job | None = None
         delay = 0.02
         while True:
-            shard_id, client, _ = self.c.route(tenant)
             try:
-                rec = await client.get_job(tenant, job_id)
+                shard_id, _, rec = await self.c.find_job(tenant, job_id)
             except NotFound:
                 if last is None:
                     raise
@@ -306,17 +382,22 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument(f"more than {limit} IDs", field="job_ids")
         for jid in request.job_ids:
             _job_id(jid, "job_ids")
-        _, client, _ = self.c.route(tenant)
-        if not request.all:
-            n, missing = await client.requeue_dead(tenant, list(request.job_ids))
-            return jobs_pb2.RequeueDeadJobsResponse(requeued_count=n, not_found_job_ids=missing)
-        total = 0
-        while True:
-            page = await client.list_jobs(tenant, "dead", 500)
-            if not page.jobs:
-                return jobs_pb2.RequeueDeadJobsResponse(requeued_count=total)
-            n, _ = await client.requeue_dead(tenant, [j.job_id for j in page.jobs])
-            total += n
+        total, missing = 0, list(request.job_ids)
+        for _, client in self.c.sides(tenant):  # during a move, dead jobs may be on both
+            if not request.all:
+                if missing:
+                    n, missing = await client.requeue_dead(tenant, missing)
+                    total += n
+                continue
+            while True:
+                page = await client.list_jobs(tenant, "dead", 500)
+                if not page.jobs:
+                    break
+                n, _ = await client.requeue_dead(tenant, [j.job_id for j in page.jobs])
+                total += n
+        return jobs_pb2.RequeueDeadJobsResponse(
+            requeued_count=total, not_found_job_ids=[] if request.all else missing
+        )
 
 
 class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
@@ -359,10 +440,12 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         self, request: schedules_pb2.ListSchedulesRequest, context: Ctx
     ) -> schedules_pb2.ListSchedulesResponse:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        _, client, _ = self.c.route(tenant)
         size = convert.page_size(request.page_size)
         offset = _offset(request.page_token)
-        schedules = await client.list_schedules(tenant)
+        by_id = {}
+        for _, client in self.c.sides(tenant):  # the target last: its copy wins
+            by_id.update({s.spec.schedule_id: s for s in await client.list_schedules(tenant)})
+        schedules = [by_id[k] for k in sorted(by_id)]
         page = _fit([convert.schedule_to_pb(s) for s in schedules[offset : offset + size]])
         end = offset + len(page)
         return schedules_pb2.ListSchedulesResponse(
@@ -374,8 +457,15 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         self, request: schedules_pb2.DeleteScheduleRequest, context: Ctx
     ) -> schedules_pb2.DeleteScheduleResponse:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        _, client, _ = self.c.route(tenant)
-        await client.delete_schedule(tenant, request.schedule_id)
+        deleted = False
+        for _, client in self.c.sides(tenant):  # during a move it may be on either side
+            try:
+                await client.delete_schedule(tenant, request.schedule_id)
+                deleted = True
+            except NotFound:
+                continue
+        if not deleted:
+            raise NotFound(f"no schedule {request.schedule_id}", field="schedule_id")
         return schedules_pb2.DeleteScheduleResponse()
 
 
@@ -388,8 +478,13 @@ class TenantService(tenants_pb2_grpc.TenantServiceServicer):
         self, request: tenants_pb2.GetTenantStatsRequest, context: Ctx
     ) -> common_pb2.TenantStats:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        shard_id, client, _ = self.c.route(tenant)
-        return _stats(tenant, shard_id, await client.counts(tenant))
+        shard_id, _, _ = self.c.route(tenant)
+        # During a move, the sum of both sides.
+        parts = [await client.counts(tenant) for _, client in self.c.sides(tenant)]
+        total = TenantCounts(
+            **{f.name: sum(getattr(c, f.name) for c in parts) for f in dataclasses.fields(parts[0])}
+        )
+        return _stats(tenant, shard_id, total)
 
 
 class AdminService(admin_pb2_grpc.AdminServiceServicer):

@@ -10,7 +10,7 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +29,15 @@ from coordinator.shardmap import ShardMapFollower, ShardMapStore
 from coordinator.tokens import Principal, TokenStore
 from shard import validation
 from shard.client import ShardClient
-from shard.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
-from shard.models import Limits, ShardSettings
+from shard.errors import (
+    InvalidArgument,
+    ItemCode,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
+from shard.models import EnqueueResult, JobRecord, Limits, ShardSettings
 
 log = logging.getLogger("shardq.coordinator")
 
@@ -179,6 +186,60 @@ class Coordinator:
         shard_id = self.shard_map.shard_for(tenant)
         client, coalescer = self.pool.get(shard_id)
         return shard_id, client, coalescer
+
+    def sides(self, tenant: str) -> list[tuple[int, ShardClient]]:
+        """Every shard that may hold ``tenant``'s jobs: while it moves, the source first and
+        the target (where ``route`` sends new work) last; otherwise just the one."""
+        return [(sid, self.pool.get(sid)[0]) for sid in reversed(self.shard_map.shards_for(tenant))]
+
+    async def find_job(self, tenant: str, job_id: str) -> tuple[int, ShardClient, JobRecord]:
+        """The job wherever it is during a move. The source is read first: the mover deletes
+        there only after the target has the job, so a job missed on the source is on the
+        target. When both have it (copied, not yet deleted) the target's is the live one."""
+        found: tuple[int, ShardClient, JobRecord] | None = None
+        for shard_id, client in self.sides(tenant):
+            try:
+                found = (shard_id, client, await client.get_job(tenant, job_id))
+            except NotFound:
+                continue
+        if found is None:
+            raise NotFound(f"no job {job_id}", field="job_id")
+        return found
+
+    async def catch_up(self, version: int, timeout_s: float = 3.0) -> None:
+        """Wait until this replica follows map ``version`` (a shard refused an older one)."""
+        try:
+            await self.follower.refresh()
+            await self.follower.wait_for_version(version, timeout_s)
+        except TimeoutError:
+            raise Unavailable(f"the shard map is changing (version {version}); retry") from None
+
+    async def moved_duplicates(
+        self, tenant: str, prepared: Sequence[list[Any]]
+    ) -> list[EnqueueResult | None]:
+        """For a moving tenant: the answer for each prepared job whose request_id the move's
+        source still knows (its dedupe key is not copied yet), else None. Submits go to the
+        target, whose own dedupe covers every key already copied; no job is made twice."""
+        move = self.shard_map.moves.get(tenant)
+        if move is None or not prepared:
+            return [None] * len(prepared)
+        source = self.pool.get(move.from_shard_id)[0]
+        r: Any = source.redis
+        # prepare()'s fields: 2 is the request_id, 9 the digest of handler and payload.
+        seen = await r.mget([source.keys.dedupe(tenant, f[2]) for f in prepared])
+        out: list[EnqueueResult | None] = []
+        for fields, value in zip(prepared, seen, strict=True):
+            if value is None:
+                out.append(None)
+                continue
+            job_id, _, digest = value.decode().partition(" ")
+            code = ItemCode.DEDUPLICATED if digest == fields[9] else ItemCode.CONFLICT
+            try:
+                state = (await self.find_job(tenant, job_id))[2].state
+            except NotFound:
+                state = ""
+            out.append(EnqueueResult(code, job_id, state, 0))
+        return out
 
     def limits_for(self, tenant: str) -> Limits:
         return self.settings.tenant_limits.get(tenant, self.settings.default_limits)

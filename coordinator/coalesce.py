@@ -18,13 +18,14 @@ class Coalescer:
     def __init__(self, shard: ShardClient, max_batch: int = 500) -> None:
         self.shard = shard
         self.max_batch = max_batch
-        self._queue: list[tuple[list[Any], asyncio.Future[EnqueueResult]]] = []
+        self._queue: list[tuple[list[Any], int, asyncio.Future[EnqueueResult]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    def submit(self, prepared: list[Any]) -> asyncio.Future[EnqueueResult]:
-        """Queue one job prepared by ``ShardClient.prepare``; the future holds its result."""
+    def submit(self, prepared: list[Any], map_version: int = 0) -> asyncio.Future[EnqueueResult]:
+        """Queue one job prepared by ``ShardClient.prepare``, routed with shard-map
+        ``map_version``; the future holds its result."""
         fut: asyncio.Future[EnqueueResult] = asyncio.get_running_loop().create_future()
-        self._queue.append((prepared, fut))
+        self._queue.append((prepared, map_version, fut))
         if self._task is None or self._task.done():
             # A task of its own, so a caller that gives up cannot cancel the others' flush.
             self._task = asyncio.create_task(self._flush())
@@ -34,14 +35,16 @@ class Coalescer:
         while self._queue:
             batch = self._queue[: self.max_batch]
             del self._queue[: self.max_batch]
+            # The oldest map of the batch: if the shard refuses it, each caller re-routes.
+            version = min(v for _, v, _ in batch)
             try:
-                results = await self.shard.enqueue_prepared([p for p, _ in batch])
+                results = await self.shard.enqueue_prepared([p for p, _, _ in batch], None, version)
             except Exception as exc:
-                for _, fut in batch:
+                for _, _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
             else:
-                for (_, fut), res in zip(batch, results, strict=True):
+                for (_, _, fut), res in zip(batch, results, strict=True):
                     if not fut.done():
                         fut.set_result(res)
 

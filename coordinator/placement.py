@@ -91,6 +91,14 @@ class ShardMap:
         move = self.moves.get(tenant_id)
         if move is not None:
             return move.to_shard_id
+        return self.placed_on(tenant_id)
+
+    def placed_on(self, tenant_id: str) -> int:
+        """The shard the placement (pin, else slot) gives ``tenant_id``, moves aside.
+
+        Every move's target is where its tenant is placed, so once a move ends and its mark
+        is dropped, :meth:`shard_for` still answers the same.
+        """
         pinned = self.pins.get(tenant_id)
         if pinned is not None:
             return pinned
@@ -106,6 +114,16 @@ class ShardMap:
         if move is not None and move.from_shard_id != target:
             return (target, move.from_shard_id)
         return (target,)
+
+    def losing_shards(self, after: ShardMap) -> set[int]:
+        """Shards that some tenant's placement leaves between this map and ``after``: the
+        previous owners of slots that changed hands, and of pins that were added, changed or
+        removed. Their tenants may have to move."""
+        lost = {old for old, new in zip(self.slots, after.slots, strict=True) if old != new}
+        for tenant in self.pins.keys() | after.pins.keys():
+            if self.pins.get(tenant) != after.pins.get(tenant):
+                lost.add(self.placed_on(tenant))
+        return lost & set(self.shards)
 
     def address_of(self, shard_id: int) -> str:
         return self.shards[shard_id].address

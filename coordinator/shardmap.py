@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Protocol
 
 import psycopg
 import sqlalchemy as sa
@@ -29,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from coordinator import db
 from coordinator.placement import (
+    SHARD_STATES,
     SLOT_COUNT,
     ShardInfo,
     ShardMap,
@@ -63,11 +65,27 @@ def _check_weight(weight: object, field: str) -> int:
     return validation.int_in_range(weight, 0, 1_000_000, field)
 
 
-class ShardMapStore:
-    """Reads and changes the shard map; every method is one transaction."""
+class ShardDirectory(Protocol):
+    """What a placement change needs from the shards themselves (``coordinator.mover``)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    async def fence(self, info: ShardInfo, version: int, undo: bool = False) -> None:
+        """Refuse submits routed with a map older than ``version`` (``undo``: take it back)."""
+
+    async def tenants(self, info: ShardInfo) -> list[str]:
+        """Every tenant that has or had jobs on the shard."""
+
+
+class ShardMapStore:
+    """Reads and changes the shard map; every method is one transaction.
+
+    Given a :class:`ShardDirectory`, a change that takes tenants off a shard also starts
+    their moves (see :meth:`_start_moves`); without one (tests of the map alone, a first
+    ``init``) only the placement changes.
+    """
+
+    def __init__(self, engine: AsyncEngine, directory: ShardDirectory | None = None) -> None:
         self._engine = engine
+        self._directory = directory
 
     async def version(self) -> int:
         """The current version (0 before the map exists): one indexed single-row read."""
@@ -111,8 +129,7 @@ class ShardMapStore:
                 )
             weights = [_check_weight(w, f"weights[{i}]") for i, w in enumerate(weights)]
 
-        async with self._engine.begin() as conn:
-            version = await self._lock(conn)
+        async with self._changing() as (conn, version, fenced):
             before = await self._read(conn, version)
             existing = dict(before.shards) if before else {}
             if len(checked) < len(existing):
@@ -143,13 +160,12 @@ class ShardMapStore:
                 )
                 changed = True
             changed |= await self._rebalance(conn, before, existing)
-            return await self._commit(conn, version, changed, before)
+            return await self._commit(conn, version, changed, before, fenced)
 
     async def set_weight(self, shard_id: int, weight: int) -> ShardMap:
         """Change a shard's share of slots and move the fewest slots to match; 0 empties it."""
         _check_weight(weight, "weight")
-        async with self._engine.begin() as conn:
-            version = await self._lock(conn)
+        async with self._changing() as (conn, version, fenced):
             before = await self._require(conn, version)
             old = before.shards.get(shard_id)
             if old is None:
@@ -164,17 +180,13 @@ class ShardMapStore:
                 shard_id: ShardInfo(shard_id, old.address, weight, old.state),
             }
             await self._rebalance(conn, before, shards)
-            return await self._commit(conn, version, True, before)
+            return await self._commit(conn, version, True, before, fenced)
 
     async def pin(self, tenant_id: str, shard_id: int) -> ShardMap:
-        """Send ``tenant_id``'s new work to ``shard_id`` whatever its slot says.
-
-        Only placement changes: jobs the tenant already has stay where they are, so pin a
-        tenant before it has work, or move it with the tenant-migration commands.
-        """
+        """Send ``tenant_id``'s work to ``shard_id`` whatever its slot says (and move the
+        jobs it already has there, given a directory)."""
         validation.tenant_id(tenant_id)
-        async with self._engine.begin() as conn:
-            version = await self._lock(conn)
+        async with self._changing() as (conn, version, fenced):
             before = await self._require(conn, version)
             if shard_id not in before.shards:
                 raise NotFound(f"no shard {shard_id}", field="shard_id")
@@ -187,20 +199,143 @@ class ShardMapStore:
                     set_={"shard_id": shard_id, "created_at": sa.func.now()},
                 )
             )
-            return await self._commit(conn, version, True, before)
+            return await self._commit(conn, version, True, before, fenced)
 
     async def unpin(self, tenant_id: str) -> bool:
         """Return ``tenant_id`` to its slot's shard; False when it was not pinned."""
         validation.tenant_id(tenant_id)
-        async with self._engine.begin() as conn:
-            version = await self._lock(conn)
+        async with self._changing() as (conn, version, fenced):
+            before = await self._require(conn, version)
             deleted = await conn.execute(sa.delete(db.pins).where(db.pins.c.tenant_id == tenant_id))
+            if not deleted.rowcount:
+                return False
+            await self._commit(conn, version, True, before, fenced)
+            return True
+
+    async def set_state(self, shard_id: int, state: str) -> ShardMap:
+        """``draining`` gives the shard's slots to the others (moving its tenants, given a
+        directory); ``active`` takes a share back."""
+        if state not in SHARD_STATES:
+            raise InvalidArgument(f"not one of {SHARD_STATES}", field="state")
+        async with self._changing() as (conn, version, fenced):
+            before = await self._require(conn, version)
+            old = before.shards.get(shard_id)
+            if old is None:
+                raise NotFound(f"no shard {shard_id}", field="shard_id")
+            if old.state == state:
+                return before
+            await conn.execute(
+                sa.update(db.shards).where(db.shards.c.shard_id == shard_id).values(state=state)
+            )
+            shards = {
+                **before.shards,
+                shard_id: ShardInfo(shard_id, old.address, old.weight, state),
+            }
+            await self._rebalance(conn, before, shards)
+            return await self._commit(conn, version, True, before, fenced)
+
+    async def add_shard(self, address: str, weight: int = 1) -> ShardMap:
+        """A new shard (the next ID) at ``address``, given its share of slots."""
+        before = await self.load()
+        addresses = [before.shards[s].address for s in sorted(before.shards)]
+        weights = [before.shards[s].weight for s in sorted(before.shards)]
+        if sorted(before.shards) != list(range(len(addresses))):
+            raise MapChangeRefused("shard IDs are not 0..N-1: use `shards sync`")
+        return await self.sync_shards([*addresses, address], [*weights, weight])
+
+    async def remove_shard(self, shard_id: int) -> ShardMap:
+        """Take an emptied shard out of the map: it must own no slot or pin, take part in no
+        move, and (given a directory) hold no tenant. Only the highest ID can go, so shard
+        IDs stay 0..N-1."""
+        async with self._changing() as (conn, version, fenced):
+            before = await self._require(conn, version)
+            info = before.shards.get(shard_id)
+            if info is None:
+                raise NotFound(f"no shard {shard_id}", field="shard_id")
+            if shard_id != max(before.shards):
+                raise MapChangeRefused(f"only the last shard ({max(before.shards)}) can be removed")
+            busy = []
+            if before.slot_counts().get(shard_id):
+                busy.append(f"owns {before.slot_counts()[shard_id]} slots (drain it first)")
+            if before.tenants_pinned_to(shard_id):
+                busy.append(f"has pinned tenants {before.tenants_pinned_to(shard_id)}")
+            if before.tenants_moving_from(shard_id) or before.tenants_moving_to(shard_id):
+                busy.append("takes part in moves still in progress (`shardq moves run`)")
+            if not busy and self._directory is not None:
+                left = await self._directory.tenants(info)
+                if left:
+                    busy.append(f"still holds tenants {left[:10]}")
+            if busy:
+                raise MapChangeRefused(f"shard {shard_id} cannot be removed: " + "; ".join(busy))
+            await conn.execute(sa.delete(db.shards).where(db.shards.c.shard_id == shard_id))
+            return await self._commit(conn, version, True, before, fenced)
+
+    async def finish_move(self, move: TenantMove) -> bool:
+        """Drop ``move``'s in-progress mark (its source holds nothing of the tenant any more);
+        False when the mark was already gone."""
+        async with self._changing() as (conn, version, _):
+            deleted = await conn.execute(
+                sa.delete(db.moves).where(
+                    db.moves.c.tenant_id == move.tenant_id,
+                    db.moves.c.from_shard_id == move.from_shard_id,
+                    db.moves.c.to_shard_id == move.to_shard_id,
+                )
+            )
             if not deleted.rowcount:
                 return False
             await self._bump(conn, version)
             return True
 
     # -- inside a changing transaction --------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _changing(self) -> AsyncIterator[tuple[AsyncConnection, int, list[ShardInfo]]]:
+        """One map-changing transaction: the version row locked, and the shards fenced on the
+        way (``_start_moves``) unfenced again if the change does not commit."""
+        fenced: list[ShardInfo] = []
+        try:
+            async with self._engine.begin() as conn:
+                version = await self._lock(conn)
+                yield conn, version, fenced
+        except BaseException:
+            if fenced and self._directory is not None:
+                for info in fenced:
+                    with contextlib.suppress(Exception):
+                        await self._directory.fence(info, version + 1, undo=True)
+            raise
+
+    async def _start_moves(
+        self, conn: AsyncConnection, before: ShardMap, version: int, fenced: list[ShardInfo]
+    ) -> None:
+        """Record a move for every tenant this change takes off a shard that holds it.
+
+        Each shard that loses placement is fenced at the new version first and only then
+        asked for its tenants: from that moment on, no coordinator still routing with the old
+        map can add a tenant (or a job) there, so the list is complete, and a submit refused
+        by the fence is retried with the new map, which sends it to the move's target.
+        """
+        after = await self._read(conn, version)
+        assert after is not None
+        for tenant, move in before.moves.items():
+            if after.placed_on(tenant) != move.to_shard_id:
+                raise MapChangeRefused(
+                    f"tenant {tenant} is moving to shard {move.to_shard_id}: let that move "
+                    "finish first (`shardq moves run`)"
+                )
+        if self._directory is None:
+            return
+        rows = []
+        for shard_id in sorted(before.losing_shards(after)):
+            info = before.shards[shard_id]
+            await self._directory.fence(info, version + 1)
+            fenced.append(info)
+            for tenant in await self._directory.tenants(info):
+                target = after.placed_on(tenant)
+                if target != shard_id and tenant not in before.moves:
+                    rows.append({"tenant_id": tenant, "from_shard_id": shard_id,
+                                 "to_shard_id": target})  # fmt: skip
+        if rows:
+            await conn.execute(pg_insert(db.moves).values(rows).on_conflict_do_nothing())
 
     @staticmethod
     async def _lock(conn: AsyncConnection) -> int:
@@ -225,10 +360,17 @@ class ShardMapStore:
         return new
 
     async def _commit(
-        self, conn: AsyncConnection, version: int, changed: bool, before: ShardMap | None
+        self,
+        conn: AsyncConnection,
+        version: int,
+        changed: bool,
+        before: ShardMap | None,
+        fenced: list[ShardInfo],
     ) -> ShardMap:
         if not changed and before is not None:
             return before
+        if before is not None:
+            await self._start_moves(conn, before, version, fenced)
         new_version = await self._bump(conn, version)
         after = await self._read(conn, new_version)
         assert after is not None  # the transaction just wrote it

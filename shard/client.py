@@ -145,14 +145,19 @@ class ShardClient:
         return await self.enqueue_prepared(prepared, now)
 
     async def enqueue_prepared(
-        self, prepared: Sequence[list[Any]], now_ms: int | None = None
+        self, prepared: Sequence[list[Any]], now_ms: int | None = None, map_version: int = 0
     ) -> list[EnqueueResult]:
-        """Enqueue jobs already checked by :meth:`prepare`, in batches of ``max_batch``."""
+        """Enqueue jobs already checked by :meth:`prepare`, in batches of ``max_batch``.
+
+        ``map_version`` is the shard-map version the caller routed with (the coordinator's);
+        below the shard's map fence every job comes back STALE_MAP. 0, for callers that do
+        not route by the map (the shard's own loop), is never refused.
+        """
         now = self.clock.now_ms() if now_ms is None else now_ms
         out: list[EnqueueResult] = []
         step = self.settings.max_batch
         for i in range(0, len(prepared), step):
-            args: list[Any] = [now, self.settings.dedupe_ttl_ms]
+            args: list[Any] = [now, self.settings.dedupe_ttl_ms, map_version]
             for fields in prepared[i : i + step]:
                 args.extend(fields)
             rows = await self._run("enqueue", [], args)
@@ -308,7 +313,8 @@ class ShardClient:
     # --- tenants ----------------------------------------------------------------------
 
     async def cancel(self, tenant: str, job_id: str) -> tuple[ItemCode, str]:
-        """Cancel a job: (OK, 'cancelled') or (CANCEL_REQUESTED, 'active').
+        """Cancel a job: (OK, 'cancelled'), (CANCEL_REQUESTED, 'active'), or (MOVING, state)
+        while its tenant's move is copying it to the target shard.
 
         Raises NotFound (no such job of this tenant) or FailedPrecondition (already final).
         """

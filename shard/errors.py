@@ -22,6 +22,10 @@ class ItemCode(IntEnum):
     NOT_FOUND = 7
     ALREADY_TERMINAL = 8
     CANCELLED = 9
+    #: Submitted with a shard-map version older than the shard's fence: reload and re-route.
+    STALE_MAP = 10
+    #: The job is being copied to another shard (a tenant move): ask again in a moment.
+    MOVING = 11
 
 
 class ShardqError(Exception):

@@ -153,3 +153,31 @@ class Keys:
     def cron(self) -> str:
         """ZSET: ``{tenant}/{schedule_id}`` scored by its next tick (unix ms)."""
         return f"{self.prefix}:cron"
+
+    # -- moving a tenant to another shard (coordinator/mover.py, the move_*.lua scripts) -----
+
+    def map_fence(self) -> str:
+        """STRING (integer): the lowest shard-map version whose submits this shard accepts.
+
+        Raised on a move's source shard before the move is committed, so a coordinator that
+        has not yet seen the move is told to reload the map instead of adding work here.
+        """
+        return f"{self.prefix}:mapfence"
+
+    def moving(self, tenant: str) -> str:
+        """SET: IDs of a moving tenant's jobs taken off this (source) shard's queues and not
+        yet deleted here: copied to the target, or about to be. A crashed mover resumes here."""
+        return f"{self.prefix}:moving:{tenant}"
+
+    def moving_schedules(self, tenant: str) -> str:
+        """HASH: schedule ID -> ``"{next_tick_ms} {fired 0|1} {JSON spec}"`` of a moving
+        tenant's recurring schedules, taken off this source shard, until the target has them."""
+        return f"{self.prefix}:movingsched:{tenant}"
+
+    def moved_counts(self, tenant: str) -> str:
+        """HASH: a moved tenant's counters, set aside on the source until the target adds them."""
+        return f"{self.prefix}:movedcounts:{tenant}"
+
+    def moved_in(self, tenant: str, move_id: str) -> str:
+        """STRING with a TTL: on the target, "this move's counters were added" (exactly once)."""
+        return f"{self.prefix}:movedin:{tenant}:{move_id}"

@@ -31,6 +31,13 @@ SCRIPT_NAMES = (
     "schedule_advance",
     "leader",
     "leader_release",
+    "map_fence",
+    "move_out",
+    "move_in",
+    "move_drop",
+    "move_schedules_out",
+    "move_finish",
+    "move_counters",
 )
 
 

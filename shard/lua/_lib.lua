@@ -22,6 +22,10 @@ local function k_wake() return base .. 'wake' end
 local function k_promoter_wake() return base .. 'promoter_wake' end
 local function k_schedules(t) return base .. 'schedules:' .. t end
 local function k_cron() return base .. 'cron' end
+local function k_map_fence() return base .. 'mapfence' end
+local function k_moving(t) return base .. 'moving:' .. t end
+local function k_moving_schedules(t) return base .. 'movingsched:' .. t end
+local function k_moved_counts(t) return base .. 'movedcounts:' .. t end
 
 -- Most wake-up tokens kept for idle workers; more would only cause empty claims.
 local WAKE_CAP = 64
@@ -69,3 +73,4 @@ end
 -- Codes shared with shard/codes.py (ItemCode).
 local OK, DEDUPLICATED, CONFLICT, OVER_QUOTA, RATE_LIMITED = 0, 1, 2, 3, 4
 local STALE_LEASE, CANCEL_REQUESTED, NOT_FOUND, ALREADY_TERMINAL, CANCELLED = 5, 6, 7, 8, 9
+local STALE_MAP, MOVING = 10, 11

@@ -8,10 +8,13 @@
 -- ARGV[4]  retention_ms              (int)     how long the cancelled job hash is kept
 -- Returns  {code, state}: OK ('cancelled') | CANCEL_REQUESTED ('active')
 --          | ALREADY_TERMINAL (its final state) | NOT_FOUND
+--          | MOVING (its tenant is moving and the job is being copied to the target: the
+--            caller asks the target in a moment)
 local tenant, id, now, retention = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local job = k_job(id)
 local j = redis.call('HMGET', job, 't', 's')
 if j[1] ~= tenant then return {NOT_FOUND, ''} end
+if redis.call('SISMEMBER', k_moving(tenant), id) == 1 then return {MOVING, j[2]} end
 local state = j[2]
 if state == 'active' then
   redis.call('HSET', job, 'cx', 1)

@@ -5,7 +5,9 @@
 --                                              counts, bucket, tenants, wake keys
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  dedupe_ttl_ms             (int)     how long a request_id stays deduplicated
--- ARGV[3..] 12 fields per job:
+-- ARGV[3]  map_version               (int)     shard-map version the caller routed with; 0 for
+--                                              the shard's own loop (cron), never refused
+-- ARGV[4..] 12 fields per job:
 --   tenant, job_id, request_id, handler, payload, priority (0-9), run_at_ms,
 --   max_attempts, timeout_ms, digest (of handler+payload), max_pending (0 = no quota),
 --   rate_per_s (0 = no limit; burst = max(1, rate_per_s))
@@ -13,13 +15,25 @@
 --   OK | DEDUPLICATED (job_id of the first job, its state or '' if it expired)
 --   | CONFLICT (same request_id, other handler/payload; job_id of the first)
 --   | OVER_QUOTA | RATE_LIMITED (retry_after_ms > 0)
+--   | STALE_MAP for every job when map_version is below the shard's map fence (a tenant is
+--     moving off this shard): nothing written; retry_after_ms holds the version needed
 local now = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
+local map_version = tonumber(ARGV[3])
 local STRIDE = 12
+local FIRST = 4
 local out = {}
 local woke = false
 
-for i = 3, #ARGV, STRIDE do
+if map_version > 0 then
+  local needed = tonumber(redis.call('GET', k_map_fence()) or '0')
+  if map_version < needed then
+    for _ = FIRST, #ARGV, STRIDE do out[#out + 1] = {STALE_MAP, '', '', needed} end
+    return out
+  end
+end
+
+for i = FIRST, #ARGV, STRIDE do
   local tenant, id, rid, handler, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local prio, run_at = ARGV[i + 5], tonumber(ARGV[i + 6])
   local max_attempts, timeout_ms, digest = ARGV[i + 7], ARGV[i + 8], ARGV[i + 9]

@@ -32,10 +32,14 @@ LUA_TO_PYTHON = {
     "promoter_wake": "promoter_wake",
     "schedules": "schedules",
     "cron": "cron",
+    "map_fence": "map_fence",
+    "moving": "moving",
+    "moving_schedules": "moving_schedules",
+    "moved_counts": "moved_counts",
 }
 #: Keys methods with no Lua builder: passed in KEYS by their only scripts, or (load) used by
 #: no script at all.
-PYTHON_ONLY = {"base", "leader", "load"}
+PYTHON_ONLY = {"base", "leader", "load", "moved_in"}
 
 #: One sample value per parameter name; distinct so a swapped argument shows in the key.
 SAMPLES: dict[str, object] = {
@@ -43,6 +47,7 @@ SAMPLES: dict[str, object] = {
     "tenant": "TENANT",
     "priority": 7,
     "request_id": "REQ",
+    "move_id": "MOVEID",
 }
 
 LIB = (resources.files("shard") / "lua" / "_lib.lua").read_text()

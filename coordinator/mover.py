@@ -1,0 +1,177 @@
+"""Moves tenants between shards while their jobs keep flowing (``shardq moves run``).
+
+A placement change (``ShardMapStore`` with a :class:`RedisShards` directory) records a move
+per tenant it takes off a shard, in the same map version that sends the tenant's new work to
+the target. This module then empties the source of the tenant, copy-then-delete, in batches:
+
+1. queued jobs (scheduled, ready, dead) leave the source's queues and are copied with their
+   priority, run-at, attempts and fencing token, then deleted from the source;
+2. recurring schedules, keeping the next tick (and whether it already fired);
+3. once no job of the tenant is active on the source (active jobs finish, and are acked,
+   where they run): finished jobs and dedupe keys, so GetJob and retried request_ids keep
+   answering from the target after the move;
+4. the source's counters are added to the target's once, and the move's mark is dropped.
+
+Every step is idempotent (see ``shard.moving``): a mover killed anywhere is run again and
+ends with the same state. Coordinators read both sides meanwhile (source first, then the
+target), so GetJob, CancelJob and WatchJob keep working throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from coordinator.app import redis_for
+from coordinator.placement import ShardInfo, ShardMap, TenantMove
+from coordinator.shardmap import ShardMapStore
+from shard.client import ShardClient
+from shard.models import ShardSettings
+from shard.moving import ShardSide, fence_map
+
+log = logging.getLogger("shardq.coordinator.mover")
+
+#: How long the target remembers that a move's counters were added (a re-run within it adds
+#: nothing twice); far longer than any mover run.
+COUNTERS_MARKER_TTL_MS = 7 * 86_400_000
+
+
+class RedisShards:
+    """The shards of a map as ``ShardMapStore`` and the mover reach them: one client each."""
+
+    def __init__(self, password: str = "", settings: ShardSettings | None = None) -> None:
+        self.password = password
+        self.settings = settings or ShardSettings()
+        self._clients: dict[str, ShardClient] = {}
+
+    def client(self, info: ShardInfo) -> ShardClient:
+        found = self._clients.get(info.address)
+        if found is None:
+            found = ShardClient(redis_for(info.address, self.password), self.settings)
+            self._clients[info.address] = found
+        return found
+
+    async def fence(self, info: ShardInfo, version: int, undo: bool = False) -> None:
+        await fence_map(self.client(info), version, undo)
+
+    async def tenants(self, info: ShardInfo) -> list[str]:
+        return await self.client(info).tenants()
+
+    async def close(self) -> None:
+        for c in self._clients.values():
+            await c.redis.aclose()
+        self._clients.clear()
+
+
+@dataclass
+class MoveReport:
+    tenant: str
+    from_shard_id: int
+    to_shard_id: int
+    jobs: int = 0
+    dedupe_keys: int = 0
+    schedules: int = 0
+    finished: bool = False
+    #: Why an unfinished move stopped (e.g. jobs still active at the deadline).
+    waiting_for: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Mover:
+    store: ShardMapStore
+    shards: RedisShards
+    #: Jobs per take/copy/delete round trip.
+    batch: int = 500
+    #: How long to wait for the tenant's active jobs on the source to finish, in seconds.
+    active_wait_s: float = 300.0
+    poll_s: float = 0.1
+    #: After taking schedules off the source: lets a cron tick its loop was firing land, so
+    #: the target neither repeats nor skips it.
+    cron_grace_s: float = 0.5
+    progress: Callable[[MoveReport], None] = field(default=lambda _r: None)
+
+    async def run(self, tenants: Sequence[str] | None = None) -> list[MoveReport]:
+        """Carry out the moves in progress (those of ``tenants`` only, if given), one by one."""
+        smap = await self.store.load()
+        moves = [m for t, m in sorted(smap.moves.items()) if tenants is None or t in tenants]
+        return [await self.move(m, smap) for m in moves]
+
+    async def move(self, move: TenantMove, smap: ShardMap) -> MoveReport:
+        started = time.monotonic()
+        report = MoveReport(move.tenant_id, move.from_shard_id, move.to_shard_id)
+        src = ShardSide(self.shards.client(smap.shards[move.from_shard_id]), move.tenant_id)
+        dst = ShardSide(self.shards.client(smap.shards[move.to_shard_id]), move.tenant_id)
+        weight = await src.weight()
+        if weight is not None:
+            await dst.adopt_weight(weight)
+        deadline = time.monotonic() + self.active_wait_s
+        while True:
+            seen = await src.submitted()
+            await self._copy_taken(src, dst, report)  # what a killed run left half-way
+            while await src.take(self.batch):
+                await self._copy_taken(src, dst, report)
+            if await src.take_schedules():
+                await asyncio.sleep(self.cron_grace_s)
+            await self._copy_schedules(src, dst, report)
+            active = await src.active()
+            if active == 0:
+                await self._copy_finished(src, dst, report)
+                done, left = await src.finish(seen)
+                if done:
+                    break
+                report.waiting_for = left
+            else:
+                report.waiting_for = f"{active} active jobs"
+            self.progress(report)
+            if time.monotonic() > deadline:
+                report.seconds = time.monotonic() - started
+                return report
+            await asyncio.sleep(self.poll_s)
+        counters = await src.set_aside_counters()
+        if counters:
+            await dst.add_counters(str(move.started_at_ms), counters, COUNTERS_MARKER_TTL_MS)
+            await src.forget_counters()
+        await self.store.finish_move(move)
+        report.finished, report.waiting_for = True, ""
+        report.seconds = time.monotonic() - started
+        self.progress(report)
+        log.info("moved tenant %s from shard %d to %d: %d jobs, %d dedupe keys, %d schedules",
+                 move.tenant_id, move.from_shard_id, move.to_shard_id, report.jobs,
+                 report.dedupe_keys, report.schedules)  # fmt: skip
+        return report
+
+    async def _copy_taken(self, src: ShardSide, dst: ShardSide, report: MoveReport) -> None:
+        ids = await src.taken()
+        for i in range(0, len(ids), self.batch):
+            chunk = ids[i : i + self.batch]
+            jobs = await src.read_jobs(chunk)
+            added, _, _ = await dst.put(jobs=jobs)
+            await src.drop(job_ids=chunk)
+            report.jobs += added
+        self.progress(report)
+
+    async def _copy_schedules(self, src: ShardSide, dst: ShardSide, report: MoveReport) -> None:
+        schedules = await src.taken_schedules()
+        if schedules:
+            _, _, added = await dst.put(schedules=schedules)
+            await src.drop(schedule_ids=[s.schedule_id for s in schedules])
+            report.schedules += added
+
+    async def _copy_finished(self, src: ShardSide, dst: ShardSide, report: MoveReport) -> None:
+        """Dedupe keys, with the finished jobs they point to. A key whose job is still queued
+        or running here stays until a later pass (that job is not finished yet)."""
+        keys = await src.dedupe_keys()
+        for i in range(0, len(keys), self.batch):
+            chunk = keys[i : i + self.batch]
+            jobs = {j.job_id: j for j in await src.read_jobs([d.job_id for d in chunk])}
+            ready = [d for d in chunk if d.job_id not in jobs or jobs[d.job_id].state in
+                     (b"succeeded", b"cancelled")]  # fmt: skip
+            finished = [jobs[d.job_id] for d in ready if d.job_id in jobs]
+            added_jobs, added_keys, _ = await dst.put(jobs=finished, dedupe=ready)
+            await src.drop(job_ids=[j.job_id for j in finished], dedupe=ready)
+            report.jobs += added_jobs
+            report.dedupe_keys += added_keys

@@ -1,0 +1,14 @@
+-- Add a moved tenant's counters (submitted, succeeded, failed) from the source to this
+-- (target) shard, once per move: the marker key set here in the same step makes a re-run add
+-- nothing. Gauges are not added: they follow the jobs, which move_in counted.
+-- KEYS[1]  {prefix}:                 (prefix)  derives counts
+-- KEYS[2]  {prefix}:movedin:{tenant}:{move_id}  (STRING)  the once-per-move marker
+-- ARGV[1]  tenant, ARGV[2] marker TTL ms
+-- ARGV[3..] pairs: counter name, value
+-- Returns  1 if added now, 0 if this move's counters were added before
+local tenant, ttl = ARGV[1], tonumber(ARGV[2])
+if not redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then return 0 end
+for j = 3, #ARGV, 2 do
+  redis.call('HINCRBY', k_counts(tenant), ARGV[j], ARGV[j + 1])
+end
+return 1
