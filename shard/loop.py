@@ -242,4 +242,8 @@ class ShardLoop:
                 await self.sampler.sample()
             except RedisError as exc:
                 log.warning("load sample failed: %s", exc)
+            except Exception:
+                # A figure for operators is not worth stopping promotion and reaping for (an
+                # error here would end the leader's task group): log it, try next interval.
+                log.exception("load sample failed")
             await asyncio.sleep(self.settings.load_interval_s)

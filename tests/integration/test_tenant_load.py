@@ -250,6 +250,27 @@ async def test_the_running_leader_samples_and_exposes_tenant_gauges(redis: Redis
         await ops.stop()
 
 
+async def test_a_failing_sample_does_not_stop_the_leader(redis: Redis) -> None:
+    await untyped(redis).sadd("sq:tenants", "acme")
+    await untyped(redis).hset("sq:counts:acme", "submitted", "not a number")
+    loop = ShardLoop(
+        ShardClient(redis, SETTINGS),
+        LoopSettings(leader_ttl_ms=1_000, max_idle_ms=60_000, load_interval_s=0.01),
+    )
+    task = asyncio.create_task(loop.run())
+    try:
+        # The loop still promotes after samples failed: the job below becomes ready.
+        (res,) = await ShardClient(redis, SETTINGS).enqueue(jobs("beta", 1, delay_ms=200))
+        deadline = time.monotonic() + 20
+        while (await ShardClient(redis, SETTINGS).get_job("beta", res.job_id)).state != "ready":
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.02)
+        assert loop.role == "leader"
+    finally:
+        loop.stop()
+        await asyncio.wait_for(task, 10)
+
+
 def test_the_load_settings_are_flags_with_environment_variables(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
