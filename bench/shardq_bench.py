@@ -352,7 +352,9 @@ class Cluster:
             group = [p for p in self.procs if p.name.startswith(prefix)]
             for p in group:
                 if p.popen.poll() is None:
-                    os.killpg(p.popen.pid, signal.SIGTERM)
+                    # py-spy writes its profile on SIGINT (it dies on SIGTERM); every shardq
+                    # process treats SIGINT as SIGTERM.
+                    os.killpg(p.popen.pid, signal.SIGINT if PROFILE_DIR else signal.SIGTERM)
             for p in group:
                 try:
                     p.popen.wait(15)
