@@ -28,7 +28,7 @@ from shard.errors import (
     Unavailable,
 )
 from shard.ids import new_job_id
-from shard.models import EnqueueResult, JobRecord, TenantCounts
+from shard.models import EnqueueResult, JobRecord
 from shardq.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -480,11 +480,19 @@ class TenantService(tenants_pb2_grpc.TenantServiceServicer):
         tenant = await self.c.tenant_of(context, request.tenant_id)
         shard_id, _, _ = self.c.route(tenant)
         # During a move, the sum of both sides.
-        parts = [await client.counts(tenant) for _, client in self.c.sides(tenant)]
-        total = TenantCounts(
-            **{f.name: sum(getattr(c, f.name) for c in parts) for f in dataclasses.fields(parts[0])}
-        )
-        return _stats(tenant, shard_id, total)
+        parts = [await client.tenant_load(tenant) for _, client in self.c.sides(tenant)]
+        load = parts[0]
+        for more in parts[1:]:
+            load = dataclasses.replace(
+                load,
+                **{
+                    f.name: getattr(load, f.name) + getattr(more, f.name)
+                    for f in dataclasses.fields(load)
+                    if f.name not in ("tenant", "at_ms")
+                },
+                at_ms=max(load.at_ms, more.at_ms),
+            )
+        return convert.tenant_stats_pb(tenant, shard_id, load)
 
 
 class AdminService(admin_pb2_grpc.AdminServiceServicer):
@@ -541,7 +549,9 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         pairs = [(sid, t) for sid in sorted(shards) for t in await shards[sid].tenants()]
         size = convert.page_size(request.page_size)
         page = pairs[offset : offset + size]
-        stats = [_stats(t, sid, await shards[sid].counts(t)) for sid, t in page]
+        stats = [
+            convert.tenant_stats_pb(t, sid, await shards[sid].tenant_load(t)) for sid, t in page
+        ]
         return admin_pb2.ListTenantStatsResponse(
             tenants=stats,
             next_page_token=str(offset + size) if offset + size < len(pairs) else "",
@@ -601,20 +611,6 @@ class WorkerService(workers_pb2_grpc.WorkerServiceServicer):
                 del self._streams[worker_id]
                 await registry.leave(worker_id)
                 self._nudge()
-
-
-def _stats(tenant: str, shard_id: int, counts: Any) -> common_pb2.TenantStats:
-    return common_pb2.TenantStats(
-        tenant_id=tenant,
-        shard_id=shard_id,
-        scheduled=max(0, counts.scheduled),
-        ready=max(0, counts.ready),
-        active=max(0, counts.active),
-        dead=max(0, counts.dead),
-        submitted_total=counts.submitted,
-        completed_total=counts.succeeded,
-        failed_total=counts.failed,
-    )
 
 
 def _changed(a: common_pb2.Job, b: common_pb2.Job) -> bool:

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import inspect
 import json
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -30,15 +31,17 @@ from google.protobuf.message import Message
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import db, demo, dev
+from coordinator import db, demo, dev, rebalance
 from coordinator.client import Client, RetryPolicy, job_spec
 from coordinator.errors import CODES
 from coordinator.migrate import head_revision, upgrade
-from coordinator.placement import SLOT_COUNT, ShardMap
-from coordinator.shardmap import MapNotInitialized, ShardMapStore
+from coordinator.mover import Mover, MoveReport, RedisShards
+from coordinator.placement import DRAINING, SLOT_COUNT, ShardMap
+from coordinator.shardmap import MapNotInitialized, Preview, ShardMapStore
 from coordinator.tokens import TokenStore
 from shard import config
 from shard.errors import InvalidArgument, ShardqError, Unauthenticated
+from shard.models import ShardSettings
 from shardq.v1 import admin_pb2, common_pb2
 
 Handler = Callable[[argparse.Namespace], int | Awaitable[int]]
@@ -76,6 +79,8 @@ GROUPS: dict[tuple[str, ...], str] = {
     ("jobs",): "a tenant's jobs",
     ("dead",): "a tenant's dead-letter set",
     ("schedules",): "a tenant's recurring schedules",
+    ("tenants",): "where tenants live: pin, unpin, move (their jobs move live)",
+    ("moves",): "tenant moves in progress",
 }
 
 
@@ -246,6 +251,34 @@ _ADDRESS_HELP = (
     "a shard's Redis host:port, once per shard in shard-ID order; or once with {i} in it, "
     "expanded for each of --shards (e.g. shardq-shard-{i}.shardq-shard:6379)"
 )
+_PLACEMENT_ARGS = (
+    arg(
+        "--redis-password",
+        default=os.environ.get("SHARDQ_REDIS_PASSWORD", ""),
+        help="password of the shards' Redis [SHARDQ_REDIS_PASSWORD]",
+    ),
+    arg(
+        "--key-prefix",
+        default=os.environ.get("SHARDQ_KEY_PREFIX", "shardq"),
+        help="the shards' key prefix [SHARDQ_KEY_PREFIX; default 'shardq']",
+    ),
+    arg("--yes", "-y", action="store_true", help="do it without asking"),
+    arg("--no-move", action="store_true", help="record the moves, do not run them now"),
+    arg(
+        "--map-only",
+        action="store_true",
+        help="change the map without reaching the shards: no tenant is moved (only for a "
+        "cluster that holds no jobs yet)",
+    ),
+    arg(
+        "--active-wait-s",
+        type=float,
+        default=300.0,
+        help="how long the mover waits for a tenant's running jobs on the source (s)",
+    ),
+)
+
+
 _SHARD_ARGS = (
     arg("--address", action="append", required=True, metavar="HOST:PORT", help=_ADDRESS_HELP),
     arg("--shards", type=int, help="number of shards (default: number of --address)"),
@@ -376,17 +409,20 @@ async def shards_init(args: argparse.Namespace) -> int:
 @command(
     "shards",
     "sync",
-    help="make shards 0..N-1 have these addresses (and weights); new shards get their slots",
-    args=_SHARD_ARGS,
+    help="make shards 0..N-1 have these addresses (and weights); new shards get their slots "
+    "and the tenants on those slots move there live",
+    args=(*_SHARD_ARGS, *_PLACEMENT_ARGS),
 )
 async def shards_sync(args: argparse.Namespace) -> int:
     addresses = shard_addresses(args)
     async with engine_for(args) as engine:
-        store = ShardMapStore(engine)
-        before = await _load_or_none(store)
-        after = await store.sync_shards(addresses, args.weight)
-    report_change(before, after)
-    return 0
+        before = await _load_or_none(ShardMapStore(engine))
+    if before is None:  # a first sync creates the map: no tenant anywhere yet
+        async with engine_for(args) as engine:
+            after = await ShardMapStore(engine).sync_shards(addresses, args.weight)
+        report_change(before, after)
+        return 0
+    return await change_placement(args, lambda store: store.sync_shards(addresses, args.weight))
 
 
 @command(
@@ -420,30 +456,276 @@ async def shards_weight(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- placement changes that move tenants --------------------------------------------------
+
+
+@asynccontextmanager
+async def placement_store(args: argparse.Namespace) -> AsyncIterator[tuple[ShardMapStore, Mover]]:
+    settings = ShardSettings(key_prefix=args.key_prefix)
+    shards = RedisShards(args.redis_password, settings)
+    try:
+        async with engine_for(args) as engine:
+            store = ShardMapStore(engine, None if args.map_only else shards)
+            yield store, Mover(store, shards, active_wait_s=args.active_wait_s,
+                               progress=_print_progress)  # fmt: skip
+    finally:
+        await shards.close()
+
+
+def _print_progress(r: MoveReport) -> None:
+    state = "done" if r.finished else f"waiting for {r.waiting_for}" if r.waiting_for else "..."
+    print(f"  {r.tenant}: shard {r.from_shard_id} -> {r.to_shard_id}: {r.jobs} jobs, "
+          f"{r.dedupe_keys} dedupe keys, {r.schedules} schedules; {state}", flush=True)  # fmt: skip
+
+
+def describe_change(before: ShardMap, after: ShardMap) -> list[str]:
+    """What a change does, line by line, for the confirmation prompt."""
+    lines = []
+    for sid in sorted(after.shards.keys() - before.shards.keys()):
+        lines.append(f"add shard {sid} at {after.shards[sid].address}")
+    for sid in sorted(before.shards.keys() - after.shards.keys()):
+        lines.append(f"remove shard {sid} ({before.shards[sid].address})")
+    for sid in sorted(before.shards.keys() & after.shards.keys()):
+        a, b = before.shards[sid], after.shards[sid]
+        if (a.weight, a.state) != (b.weight, b.state):
+            lines.append(f"shard {sid}: weight {a.weight} -> {b.weight}, {a.state} -> {b.state}")
+    flows: dict[tuple[int, int], int] = {}
+    for old, new in zip(before.slots, after.slots, strict=True):
+        if old != new:
+            flows[(old, new)] = flows.get((old, new), 0) + 1
+    lines += [f"{n} slots shard {a} -> {b}" for (a, b), n in sorted(flows.items())]
+    for tenant in sorted(before.pins.keys() | after.pins.keys()):
+        if before.pins.get(tenant) != after.pins.get(tenant):
+            where = after.pins.get(tenant)
+            lines.append(
+                f"pin {tenant} to shard {where}" if where is not None else f"unpin {tenant}"
+            )
+    new_moves = [m for t, m in sorted(after.moves.items()) if t not in before.moves]
+    lines += [f"move tenant {m.tenant_id}: shard {m.from_shard_id} -> {m.to_shard_id} (live)"
+              for m in new_moves]  # fmt: skip
+    return lines
+
+
+def confirm(args: argparse.Namespace, question: str = "Go ahead?") -> bool:
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise CommandError("not a terminal: pass --yes to confirm")
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+async def change_placement(
+    args: argparse.Namespace, change: Callable[[ShardMapStore], Awaitable[Any]]
+) -> int:
+    """Show what ``change`` would do (its moves included), ask, do it, then run its moves."""
+    async with placement_store(args) as (store, mover):
+        before = await store.load()
+        store.preview = True
+        try:
+            await change(store)
+            after = before
+        except Preview as preview:
+            after = preview.after
+        finally:
+            store.preview = False
+        lines = describe_change(before, after)
+        if not lines:
+            print(f"nothing to change (shard map version {before.version})")
+            return 0
+        print("\n".join(lines))
+        if not confirm(args):
+            print("nothing changed")
+            return 1
+        await change(store)
+        smap = await store.load()
+        print(f"shard map version {before.version} -> {smap.version}")
+        return await _run_moves(args, mover, smap, [t for t in smap.moves if t not in before.moves])
+
+
+async def _run_moves(
+    args: argparse.Namespace, mover: Mover, smap: ShardMap, tenants: Sequence[str]
+) -> int:
+    if not tenants:
+        return 0
+    if getattr(args, "no_move", False):
+        print(f"{len(tenants)} moves recorded; run them with `shardq moves run`")
+        return 0
+    print(f"moving {len(tenants)} tenants (interrupt any time: `shardq moves run` resumes)")
+    reports = await mover.run(tenants)
+    left = [r for r in reports if not r.finished]
+    for r in left:
+        print(f"  {r.tenant}: not finished, waiting for {r.waiting_for}", file=sys.stderr)
+    return 1 if left else 0
+
+
+@command(
+    "tenants",
+    "pin",
+    help="place a tenant on a shard whatever its slot says, moving its jobs there live",
+    args=(arg("tenant_id"), arg("shard_id", type=int), *_PLACEMENT_ARGS),
+)
+async def tenants_pin(args: argparse.Namespace) -> int:
+    return await _pin(args)
+
+
+async def _pin(args: argparse.Namespace) -> int:
+    return await change_placement(args, lambda store: store.pin(args.tenant_id, args.shard_id))
+
+
 @command(
     "shards",
     "pin",
-    help="send a tenant's new jobs to a given shard (existing jobs stay where they are)",
-    args=(arg("tenant_id"), arg("shard_id", type=int)),
+    help="the same as `shardq tenants pin`",
+    args=(arg("tenant_id"), arg("shard_id", type=int), *_PLACEMENT_ARGS),
 )
 async def shards_pin(args: argparse.Namespace) -> int:
-    async with engine_for(args) as engine:
-        smap = await ShardMapStore(engine).pin(args.tenant_id, args.shard_id)
-    print(f"{args.tenant_id} pinned to shard {args.shard_id} (map version {smap.version})")
-    return 0
+    return await _pin(args)
+
+
+@command(
+    "tenants",
+    "move",
+    help="move a tenant (and its jobs, live) to a shard: pins it there",
+    args=(arg("tenant_id"), arg("shard_id", type=int), *_PLACEMENT_ARGS),
+)
+async def tenants_move(args: argparse.Namespace) -> int:
+    return await _pin(args)
+
+
+@command(
+    "tenants",
+    "unpin",
+    help="return a tenant to the shard its slot maps to, moving its jobs back live",
+    args=(arg("tenant_id"), *_PLACEMENT_ARGS),
+)
+async def tenants_unpin(args: argparse.Namespace) -> int:
+    return await _unpin(args)
+
+
+async def _unpin(args: argparse.Namespace) -> int:
+    return await change_placement(args, lambda store: store.unpin(args.tenant_id))
 
 
 @command(
     "shards",
     "unpin",
-    help="return a tenant to the shard its slot maps to",
-    args=(arg("tenant_id"),),
+    help="the same as `shardq tenants unpin`",
+    args=(arg("tenant_id"), *_PLACEMENT_ARGS),
 )
 async def shards_unpin(args: argparse.Namespace) -> int:
+    return await _unpin(args)
+
+
+@command(
+    "shards",
+    "add",
+    help="add a shard (the next ID) and give it its share of slots, moving their tenants live",
+    args=(
+        arg("address", metavar="HOST:PORT"),
+        arg("--weight", type=int, default=1),
+        *_PLACEMENT_ARGS,
+    ),
+)
+async def shards_add(args: argparse.Namespace) -> int:
+    return await change_placement(args, lambda store: store.add_shard(args.address, args.weight))
+
+
+@command(
+    "shards",
+    "drain",
+    help="give a shard's slots to the others, moving its tenants off it live",
+    args=(arg("shard_id", type=int), *_PLACEMENT_ARGS),
+)
+async def shards_drain(args: argparse.Namespace) -> int:
+    return await change_placement(args, lambda store: store.set_state(args.shard_id, DRAINING))
+
+
+@command(
+    "shards",
+    "remove",
+    help="take a drained, empty shard (the last ID) out of the map",
+    args=(arg("shard_id", type=int), *_PLACEMENT_ARGS),
+)
+async def shards_remove(args: argparse.Namespace) -> int:
+    return await change_placement(args, lambda store: store.remove_shard(args.shard_id))
+
+
+@command(
+    "moves",
+    "list",
+    help="the tenant moves in progress",
+    args=(arg("--json", action="store_true", help="print JSON"),),
+)
+async def moves_list(args: argparse.Namespace) -> int:
     async with engine_for(args) as engine:
-        removed = await ShardMapStore(engine).unpin(args.tenant_id)
-    print(f"{args.tenant_id} unpinned" if removed else f"{args.tenant_id} was not pinned")
+        smap = await ShardMapStore(engine).load()
+    rows = [(m.tenant_id, m.from_shard_id, m.to_shard_id, _when(m.started_at_ms))
+            for _, m in sorted(smap.moves.items())]  # fmt: skip
+    if args.json:
+        print_json(
+            [dict(zip(("tenant_id", "from", "to", "started"), r, strict=True)) for r in rows]
+        )
+    else:
+        print_table(["TENANT", "FROM", "TO", "STARTED"], rows)
     return 0
+
+
+@command(
+    "moves",
+    "run",
+    help="carry out the moves in progress (all, or these tenants'); safe to re-run",
+    args=(arg("tenant_id", nargs="*"), *_PLACEMENT_ARGS),
+)
+async def moves_run(args: argparse.Namespace) -> int:
+    async with placement_store(args) as (store, mover):
+        smap = await store.load()
+        tenants = args.tenant_id or sorted(smap.moves)
+        unknown = [t for t in tenants if t not in smap.moves]
+        if unknown:
+            raise CommandError(f"no move in progress for {', '.join(unknown)}")
+        if not tenants:
+            print("no moves in progress")
+            return 0
+        args.no_move = False
+        return await _run_moves(args, mover, smap, tenants)
+
+
+@command(
+    "rebalance",
+    help="even out the shards' load: --plan shows slot moves and pins, --apply makes them",
+    args=(
+        arg("--plan", action="store_true", help="show the plan and change nothing"),
+        arg("--apply", action="store_true", help="make the plan's changes (asks unless --yes)"),
+        arg("--tolerance", type=float, default=0.1, help="stop within this share of the mean"),
+        *_PLACEMENT_ARGS,
+    ),
+)
+async def rebalance_cmd(args: argparse.Namespace) -> int:
+    if args.plan == args.apply:
+        raise CommandError("give --plan or --apply")
+    async with placement_store(args) as (store, mover):
+        smap = await store.load()
+        loads = {sid: await mover.shards.client(info).tenant_loads()
+                 for sid, info in sorted(smap.shards.items())}  # fmt: skip
+        the_plan = rebalance.plan(smap, loads, args.tolerance)
+        print_table(
+            ["SHARD", "LOAD NOW", "LOAD AFTER"],
+            [(s, f"{the_plan.before.get(s, 0):.1f}", f"{the_plan.after.get(s, 0):.1f}")
+             for s in sorted(smap.shards)],
+        )  # fmt: skip
+        if the_plan.empty:
+            print("balanced: nothing to move")
+            return 0
+        print("\n".join(the_plan.steps))
+        if args.plan:
+            return 0
+        if not confirm(args):
+            print("nothing changed")
+            return 1
+        await store.place(the_plan.slot_moves, the_plan.pins)
+        after = await store.load()
+        print(f"shard map version {smap.version} -> {after.version}")
+        return await _run_moves(args, mover, after, [t for t in after.moves if t not in smap.moves])
 
 
 # -- shardq tokens ... ------------------------------------------------------------------------

@@ -65,6 +65,14 @@ def _check_weight(weight: object, field: str) -> int:
     return validation.int_in_range(weight, 0, 1_000_000, field)
 
 
+class Preview(Exception):
+    """Raised (and rolled back) by a change made with ``ShardMapStore.preview`` set."""
+
+    def __init__(self, after: ShardMap) -> None:
+        super().__init__(f"preview of map version {after.version}")
+        self.after = after
+
+
 class ShardDirectory(Protocol):
     """What a placement change needs from the shards themselves (``coordinator.mover``)."""
 
@@ -86,6 +94,9 @@ class ShardMapStore:
     def __init__(self, engine: AsyncEngine, directory: ShardDirectory | None = None) -> None:
         self._engine = engine
         self._directory = directory
+        #: When set, a change goes as far as computing its result (and its moves), then rolls
+        #: back with :class:`Preview`: what ``shardq`` shows before asking.
+        self.preview = False
 
     async def version(self) -> int:
         """The current version (0 before the map exists): one indexed single-row read."""
@@ -270,6 +281,28 @@ class ShardMapStore:
             await conn.execute(sa.delete(db.shards).where(db.shards.c.shard_id == shard_id))
             return await self._commit(conn, version, True, before, fenced)
 
+    async def place(self, slots: Mapping[int, int], pins: Mapping[str, int]) -> ShardMap:
+        """Give ``slots`` (slot -> shard) and pin ``pins`` (tenant -> shard) in one change: a
+        rebalance plan. Shard weights are not consulted; keep the slot counts per shard as
+        they are (swap slots) or a later ``sync_shards`` re-balances the counts."""
+        async with self._changing() as (conn, version, fenced):
+            before = await self._require(conn, version)
+            for shard_id in {*slots.values(), *pins.values()} - set(before.shards):
+                raise NotFound(f"no shard {shard_id}", field="shard_id")
+            changes = [(s, sid) for s, sid in sorted(slots.items()) if before.slots[s] != sid]
+            if changes:
+                await self._write_slots(conn, changes)
+            new_pins = {t: sid for t, sid in pins.items() if before.pins.get(t) != sid}
+            for tenant, shard_id in sorted(new_pins.items()):
+                validation.tenant_id(tenant)
+                stmt = pg_insert(db.pins).values(tenant_id=tenant, shard_id=shard_id)
+                await conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[db.pins.c.tenant_id], set_={"shard_id": shard_id}
+                    )
+                )
+            return await self._commit(conn, version, bool(changes or new_pins), before, fenced)
+
     async def finish_move(self, move: TenantMove) -> bool:
         """Drop ``move``'s in-progress mark (its source holds nothing of the tenant any more);
         False when the mark was already gone."""
@@ -327,8 +360,9 @@ class ShardMapStore:
         rows = []
         for shard_id in sorted(before.losing_shards(after)):
             info = before.shards[shard_id]
-            await self._directory.fence(info, version + 1)
-            fenced.append(info)
+            if not self.preview:
+                await self._directory.fence(info, version + 1)
+                fenced.append(info)
             for tenant in await self._directory.tenants(info):
                 target = after.placed_on(tenant)
                 if target != shard_id and tenant not in before.moves:
@@ -371,6 +405,10 @@ class ShardMapStore:
             return before
         if before is not None:
             await self._start_moves(conn, before, version, fenced)
+        if self.preview:
+            after = await self._read(conn, version + 1)
+            assert after is not None
+            raise Preview(after)
         new_version = await self._bump(conn, version)
         after = await self._read(conn, new_version)
         assert after is not None  # the transaction just wrote it
@@ -398,6 +436,11 @@ class ShardMapStore:
             changes = [(s, sid) for s, sid in enumerate(table) if before.slots[s] != sid]
         if not changes:
             return False
+        await ShardMapStore._write_slots(conn, changes)
+        return True
+
+    @staticmethod
+    async def _write_slots(conn: AsyncConnection, changes: Sequence[tuple[int, int]]) -> None:
         # One statement however many slots move (a first init writes all 16,384).
         await conn.execute(
             sa.text(
@@ -407,7 +450,6 @@ class ShardMapStore:
             ),
             {"slots": [s for s, _ in changes], "shards": [sid for _, sid in changes]},
         )
-        return True
 
     @staticmethod
     async def _read(conn: AsyncConnection, version: int) -> ShardMap | None:

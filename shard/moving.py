@@ -191,7 +191,9 @@ class ShardSide:
         pairs = [x for name in ("submitted", "succeeded", "failed") if counters.get(name)
                  for x in (name, counters[name])]  # fmt: skip
         marker = self.keys.moved_in(self.tenant, move_id)
-        added = await self.shard._run("move_counters", [marker], [self.tenant, ttl_ms, *pairs])
+        added = await self.shard._run(
+            "move_counters", [marker, self.keys.load()], [self.tenant, ttl_ms, *pairs]
+        )
         return bool(int(added))
 
     async def adopt_weight(self, weight: int) -> None:

@@ -255,12 +255,17 @@ def test_the_cli_migrates_inits_syncs_and_shows_the_map(
     assert "unchanged at version 1" in capsys.readouterr().out
     assert cli.main(["shards", "init", "--address", "a:1", "--database-url", url]) == 1
     assert "shards sync" in capsys.readouterr().err
-    assert cli.main(["shards", "sync", "--shards", "4", *template, "--database-url", url]) == 0
-    assert "1 -> 2: 4 shards, 4096 slots" in capsys.readouterr().out
-    assert cli.main(["shards", "sync", "--address", "a:1", "--database-url", url]) == 1
+    # These shards do not exist: --map-only changes the map without reaching them.
+    offline = ["--yes", "--map-only", "--database-url", url]
+    assert cli.main(["shards", "sync", "--shards", "4", *template, *offline]) == 0
+    out = capsys.readouterr().out
+    assert "add shard 3 at shard-3.shardq-shard:6379" in out
+    assert "1366 slots shard 0 -> 3" in out
+    assert "shard map version 1 -> 2" in out
+    assert cli.main(["shards", "sync", "--address", "a:1", *offline]) == 1
     assert "removing shards is not supported" in capsys.readouterr().err
-    assert cli.main(["shards", "pin", "acme", "3", "--database-url", url]) == 0
-    assert "acme pinned to shard 3" in capsys.readouterr().out
+    assert cli.main(["shards", "pin", "acme", "3", *offline]) == 0
+    assert "pin acme to shard 3" in capsys.readouterr().out
     assert cli.main(["shards", "show", "--json", "--database-url", url]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["version"] == 3
