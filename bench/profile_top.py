@@ -31,7 +31,7 @@ def _short(frame: str) -> str:
     return f"{func} ({path})"
 
 
-def load(paths: list[Path]) -> tuple[Counter[str], Counter[str], int]:
+def load(paths: list[Path], skip: str = "") -> tuple[Counter[str], Counter[str], int]:
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
@@ -41,6 +41,8 @@ def load(paths: list[Path]) -> tuple[Counter[str], Counter[str], int]:
             if not m:
                 continue
             stack, count = m.group(1), int(m.group(2))
+            if skip and skip in stack:
+                continue
             frames = [_short(f) for f in stack.split(";") if f]
             if not frames:
                 continue
@@ -59,8 +61,11 @@ def main() -> None:
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--match", default="", help="inclusive list: only frames containing this")
+    ap.add_argument(
+        "--skip", default="_find_and_load", help="drop samples whose stack has this (imports)"
+    )
     args = ap.parse_args()
-    own, inclusive, total = load(args.files)
+    own, inclusive, total = load(args.files, args.skip)
     print(f"{total} samples in {len(args.files)} files")
     print("\nown time:")
     for frame, n in own.most_common(args.top):

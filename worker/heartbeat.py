@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
@@ -41,9 +41,14 @@ class Heartbeater:
         self._thread.join(10)
 
     def add(self, shard_id: int, address: str, lease: Lease) -> None:
+        self.add_many(shard_id, address, [lease])
+
+    def add_many(self, shard_id: int, address: str, leases: Sequence[Lease]) -> None:
         with self._lock:
             self._addresses[shard_id] = address
-            self._leases.setdefault(shard_id, {})[lease.job_id] = lease
+            held = self._leases.setdefault(shard_id, {})
+            for lease in leases:
+                held[lease.job_id] = lease
 
     def remove(self, shard_id: int, job_id: str) -> None:
         with self._lock:

@@ -245,9 +245,9 @@ class Worker:
         for job in jobs:
             run = Running(shard.shard_id, shard.address, job, started)
             self.running[(shard.shard_id, job.job_id)] = run
-            self.heartbeater.add(shard.shard_id, shard.address, run.lease)
-            self.metrics.claimed(job, started)
             runs.append(run)
+        self.heartbeater.add_many(shard.shard_id, shard.address, [r.lease for r in runs])
+        self.metrics.claimed_many(jobs, started)
         self._idle.clear()
         self._update_room()
         done = await self._retry_db(lambda: self.results.already_done(jobs))
@@ -276,7 +276,9 @@ class Worker:
         ctx = make_context(job, run.shard_id, int(run.started_ms + timeout_s * 1000), factory)
         try:
             payload = json.loads(job.payload)
-            value = await asyncio.wait_for(self._call(spec, ctx, payload, run), timeout_s)
+            # A timeout scope, not wait_for: wait_for wraps the call in a second task per job.
+            async with asyncio.timeout(timeout_s):
+                value = await self._call(spec, ctx, payload, run)
             outcome = Outcome(run, "success", result=to_json(value), row_written=ctx.uses_session)
         except asyncio.CancelledError:
             outcome = Outcome(run, _interrupted(run))
