@@ -526,11 +526,11 @@ def test_network_policies_fence_redis_and_postgres(render: Render, name: str) ->
     r = render(name)
     clients = {f"{FULLNAME}-coordinator", *(d["metadata"]["name"] for d in worker_deployments(r))}
     redis_policy = r.get("NetworkPolicy", f"{FULLNAME}-shard")
-    assert allowed_peers(r, redis_policy, "redis") == clients | {f"{FULLNAME}-shards-sync"}
+    hooks = {f"{FULLNAME}-shards-sync", f"{FULLNAME}-moves"}
+    assert allowed_peers(r, redis_policy, "redis") == clients | hooks
     if name == "bundled-netpol":
         pg_policy = r.get("NetworkPolicy", f"{FULLNAME}-postgresql")
-        assert allowed_peers(r, pg_policy, "postgresql") == clients | {
-            f"{FULLNAME}-shards-sync",
+        assert allowed_peers(r, pg_policy, "postgresql") == clients | hooks | {
             f"{FULLNAME}-migrate",
         }
     else:

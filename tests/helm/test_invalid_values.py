@@ -99,3 +99,29 @@ def test_validate_values_without_the_schema(helm: str, sets: list[str], expected
 def test_a_worker_group_needs_handlers(helm: str) -> None:
     err = template_error(helm, "--set", "workers.groups[0].name=default")
     assert "workers.groups.0: handlers is required" in err
+
+
+def test_moves_wait_must_fit_in_the_moves_job(helm: str) -> None:
+    err = template_error(
+        helm,
+        "--set", "hooks.moves.activeWaitSeconds=900",
+        "--set", "hooks.moves.activeDeadlineSeconds=600",
+    )  # fmt: skip
+    assert (
+        "hooks.moves.activeWaitSeconds (900) must be below hooks.moves.activeDeadlineSeconds (600)"
+    ) in err, err
+
+
+def test_moves_settings_are_typed(helm: str) -> None:
+    err = template_error(
+        helm,
+        "--set", "hooks.moves.activeWaitSeconds=0",
+        "--set-string", "hooks.moves.activeDeadlineSeconds=forever",
+        "--set", "hooks.moves.retries=3",
+    )  # fmt: skip
+    for expected in (
+        "hooks.moves.activeWaitSeconds: Must be greater than or equal to 1",
+        "hooks.moves.activeDeadlineSeconds: Invalid type. Expected: integer",
+        "Additional property retries is not allowed",
+    ):
+        assert expected in err, f"{expected!r} missing from:\n{err}"

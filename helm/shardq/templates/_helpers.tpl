@@ -249,11 +249,16 @@ collects every problem and fails once, listing all of them.
 {{- $p = append $p (printf "%s.autoscaling: minReplicas is above maxReplicas" $where) -}}
 {{- end -}}
 {{- end -}}
-{{- /* Shrinking would orphan the jobs of the removed shards: refuse it (lookup is empty in `helm template`). */ -}}
+{{- $mv := $v.hooks.moves -}}
+{{- if and $mv.enabled (ge (int $mv.activeWaitSeconds) (int $mv.activeDeadlineSeconds)) -}}
+{{- $p = append $p (printf "hooks.moves.activeWaitSeconds (%v) must be below hooks.moves.activeDeadlineSeconds (%v), or the moves Job is killed while the mover still waits" $mv.activeWaitSeconds $mv.activeDeadlineSeconds) -}}
+{{- end -}}
+{{- /* Shrinking would orphan the jobs of shards still in the map: refuse it unless the operator
+says those shards were drained and removed (lookup is empty in `helm template`). */ -}}
 {{- $sts := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "shardq.shard.fullname" .) -}}
-{{- if and $sts $sts.spec -}}
+{{- if and $sts $sts.spec (not $v.shards.allowShrink) -}}
 {{- if lt (int $v.shards.count) (int $sts.spec.replicas) -}}
-{{- $p = append $p (printf "shards.count: cannot shrink from %v to %v shards (their slots and jobs would be lost)" $sts.spec.replicas $v.shards.count) -}}
+{{- $p = append $p (printf "shards.count: cannot shrink from %v to %v shards (their slots and jobs would be lost). Drain, move and remove shards %v..%v first (`shardq shards drain`, `shardq moves run`, `shardq shards remove`, highest ID first), then upgrade with shards.allowShrink=true" $sts.spec.replicas $v.shards.count $v.shards.count (sub (int $sts.spec.replicas) 1)) -}}
 {{- end -}}
 {{- end -}}
 {{- if $p -}}
@@ -272,6 +277,46 @@ volumeMounts:
     mountPath: /tmp
 {{- end -}}
 
+{{/*
+Init container of the shard-map hooks: waits until every shard's Redis answers PING with the
+password (not only accepts connections: a Redis loading its AOF answers LOADING). After an
+upgrade that raises shards.count the new shard pods may still be starting; the Job's
+activeDeadlineSeconds bounds the wait. Python and redis-py from the shardq image.
+*/}}
+{{- define "shardq.hook.waitForShards" -}}
+- name: wait-for-shards
+  image: {{ include "shardq.image" (dict "ctx" $) }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command:
+    - python
+    - -c
+    - |
+      import os, sys, time
+      import redis
+      from redis.backoff import NoBackoff
+      from redis.retry import Retry
+      password = os.environ.get("SHARDQ_REDIS_PASSWORD") or None
+      for address in sys.argv[1:]:
+          host, _, port = address.rpartition(":")
+          client = redis.Redis(host=host, port=int(port), password=password,
+                               socket_connect_timeout=2, socket_timeout=2,
+                               retry=Retry(NoBackoff(), 0))
+          while True:
+              try:
+                  if client.ping():
+                      break
+              except redis.RedisError as exc:
+                  print(f"waiting for shard {address}: {exc}", flush=True)
+              time.sleep(2)
+          print(f"shard {address} is up", flush=True)
+    {{- range $addr := splitList "\n" (include "shardq.shard.addresses" . | trim) }}
+    - {{ $addr | quote }}
+    {{- end }}
+  env:
+    {{- include "shardq.env.redisPassword" . | nindent 4 }}
+  {{- include "shardq.hookContainerRest" . | nindent 2 }}
+{{- end -}}
+
 {{/* Pods allowed to reach the shards' Redis and the bundled Postgres. */}}
 {{- define "shardq.networkPolicy.clients" -}}
 - podSelector:
@@ -284,6 +329,11 @@ volumeMounts:
 - podSelector:
     matchLabels:
       {{- include "shardq.selectorLabels" (dict "ctx" .ctx "component" "shards-sync") | nindent 6 }}
+{{- if .ctx.Values.hooks.moves.enabled }}
+- podSelector:
+    matchLabels:
+      {{- include "shardq.selectorLabels" (dict "ctx" .ctx "component" "moves") | nindent 6 }}
+{{- end }}
 {{- if .migrate }}
 - podSelector:
     matchLabels:
