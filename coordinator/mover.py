@@ -92,13 +92,22 @@ class Mover:
     #: After taking schedules off the source: lets a cron tick its loop was firing land, so
     #: the target neither repeats nor skips it.
     cron_grace_s: float = 0.5
+    #: Tenants moved at the same time.
+    parallel: int = 4
     progress: Callable[[MoveReport], None] = field(default=lambda _r: None)
 
     async def run(self, tenants: Sequence[str] | None = None) -> list[MoveReport]:
-        """Carry out the moves in progress (those of ``tenants`` only, if given), one by one."""
+        """Carry out the moves in progress (those of ``tenants`` only, if given), up to
+        ``parallel`` at a time: a slot move is one move per tenant on the slot."""
         smap = await self.store.load()
         moves = [m for t, m in sorted(smap.moves.items()) if tenants is None or t in tenants]
-        return [await self.move(m, smap) for m in moves]
+        gate = asyncio.Semaphore(self.parallel)
+
+        async def one(move: TenantMove) -> MoveReport:
+            async with gate:
+                return await self.move(move, smap)
+
+        return list(await asyncio.gather(*(one(m) for m in moves)))
 
     async def move(self, move: TenantMove, smap: ShardMap) -> MoveReport:
         started = time.monotonic()
@@ -110,6 +119,7 @@ class Mover:
             await dst.adopt_weight(weight)
         deadline = time.monotonic() + self.active_wait_s
         while True:
+            await self._add_counters(move, src, dst)  # a killed run's, before finish asks
             seen = await src.submitted()
             await self._copy_taken(src, dst, report)  # what a killed run left half-way
             while await src.take(self.batch):
@@ -131,10 +141,7 @@ class Mover:
                 report.seconds = time.monotonic() - started
                 return report
             await asyncio.sleep(self.poll_s)
-        counters = await src.set_aside_counters()
-        if counters:
-            await dst.add_counters(str(move.started_at_ms), counters, COUNTERS_MARKER_TTL_MS)
-            await src.forget_counters()
+        await self._add_counters(move, src, dst)
         await self.store.finish_move(move)
         report.finished, report.waiting_for = True, ""
         report.seconds = time.monotonic() - started
@@ -143,6 +150,13 @@ class Mover:
                  move.tenant_id, move.from_shard_id, move.to_shard_id, report.jobs,
                  report.dedupe_keys, report.schedules)  # fmt: skip
         return report
+
+    @staticmethod
+    async def _add_counters(move: TenantMove, src: ShardSide, dst: ShardSide) -> None:
+        counters = await src.set_aside_counters()
+        if counters:
+            await dst.add_counters(str(move.started_at_ms), counters, COUNTERS_MARKER_TTL_MS)
+            await src.forget_counters()
 
     async def _copy_taken(self, src: ShardSide, dst: ShardSide, report: MoveReport) -> None:
         ids = await src.taken()
