@@ -7,15 +7,18 @@ re-delivery) hits ``ON CONFLICT`` and changes nothing. The one row that may be r
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from coordinator.db import results
@@ -132,16 +135,61 @@ def _arrays(rows: Sequence[ResultRow]) -> dict[str, list[Any]]:
     return cols
 
 
+class _Conn:
+    """One autocommit psycopg connection for one kind of hot statement, opened on first use
+    and dropped after any error (the next call opens a new one).
+
+    Not the SQLAlchemy pool: a checkout there costs a ping, then BEGIN, the statement and
+    COMMIT or ROLLBACK, four round trips where one autocommit statement (atomic by itself)
+    needs one. The claim path waits for the already-done check before any handler starts,
+    so those round trips were most of a job's idle-to-start time.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        #: Concurrent callers share one connection (psycopg queues their statements); the
+        #: lock keeps two of them from opening one each.
+        self._opening = asyncio.Lock()
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        async with self._opening:
+            if self._conn is None or self._conn.closed:
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=5
+                )
+            return self._conn
+
+    async def execute(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        conn = await self._connection()
+        try:
+            cur = await conn.execute(sql, params, prepare=True)
+            return await cur.fetchall() if cur.description else []
+        except BaseException:
+            # A failed or cancelled statement leaves the connection in doubt: start afresh.
+            if self._conn is conn:
+                self._conn = None
+            with contextlib.suppress(Exception):
+                await conn.close()
+            raise
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
 class ResultStore:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
+    def __init__(self, dsn: str) -> None:
+        self._writes = _Conn(dsn)
+        self._checks = _Conn(dsn)
 
     async def write(self, rows: Sequence[ResultRow]) -> None:
-        """Commit the rows in one transaction (raises on a database error: the caller retries)."""
+        """Commit the rows in one statement (raises on a database error: the caller retries)."""
         if not rows:
             return
-        async with self.engine.begin() as conn:
-            await conn.exec_driver_sql(_UPSERT_MANY, _arrays(rows))
+        await self._writes.execute(_UPSERT_MANY, _arrays(rows))
 
     async def already_done(self, jobs: Iterable[ClaimedJob]) -> set[tuple[str, str]]:
         """(tenant, request_id) of these jobs that already have a final (non-dead) row."""
@@ -149,9 +197,11 @@ class ResultStore:
         if not keys:
             return set()
         params = {"t": [t for t, _ in keys], "r": [r for _, r in keys]}
-        async with self.engine.connect() as conn:
-            found: list[Any] = list((await conn.exec_driver_sql(_DONE, params)).all())
-            return {(t, r) for t, r in found}
+        return {(t, r) for t, r in await self._checks.execute(_DONE, params)}
+
+    async def close(self) -> None:
+        await self._writes.close()
+        await self._checks.close()
 
 
 async def write_in_session(session: AsyncSession, row: ResultRow) -> None:

@@ -19,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 import sqlalchemy.exc
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -39,7 +40,13 @@ from worker.results import ResultRow, ResultStore, to_json, write_in_session, wr
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("shardq.worker")
-DB_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, OSError)
+DB_ERRORS = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    OSError,
+)
 
 
 def now_ms() -> int:
@@ -113,7 +120,7 @@ class Worker:
         self.handlers = dict(handlers)
         self.metrics = metrics or WorkerMetrics()
         self.engine = db.make_engine(settings.database_url)
-        self.results = ResultStore(self.engine)
+        self.results = ResultStore(db.psycopg_dsn(db.sqlalchemy_url(settings.database_url)))
         self._async_sessions = async_sessionmaker(self.engine, expire_on_commit=False)
         self._sync_sessions: sessionmaker[Any] | None = None
         self._threads = ThreadPoolExecutor(settings.thread_pool_size, "shardq-handler")
@@ -201,6 +208,7 @@ class Worker:
         for client in self._clients.values():
             await client.redis.aclose()
         self._clients.clear()
+        await self.results.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
         if self._procs:
             self._procs.shutdown(wait=False, cancel_futures=True)
@@ -227,19 +235,22 @@ class Worker:
                 self._reserved -= want
                 self._update_room()
             if jobs:
-                # Shielded: a stop() that cancels this loop must not strand claimed jobs
-                # half-started (no handler task, so nothing would ever finish or release them).
-                start = asyncio.create_task(self._start_jobs(shard, jobs))
+                runs = self._register(shard, jobs)
+                # A task of its own, not awaited: this loop claims on while Postgres answers
+                # the batch's already-done check (waiting for it put every Postgres hiccup
+                # into the claim lateness of the jobs behind). A stop() that cancels this
+                # loop cannot strand the batch half-started: drain() waits for the task.
+                start = _spawn(self._start_jobs(runs), f"shardq-start-{shard.shard_id}")
                 self._starting.add(start)
                 start.add_done_callback(self._starting.discard)
-                await asyncio.shield(start)
                 continue
             try:
                 await shard.client.wait_for_work(s.idle_block_s)
             except RedisError:
                 await asyncio.sleep(0.5)
 
-    async def _start_jobs(self, shard: ShardHandle, jobs: list[ClaimedJob]) -> None:
+    def _register(self, shard: ShardHandle, jobs: list[ClaimedJob]) -> list[Running]:
+        """Hold claimed jobs (slots, leases, metrics) before anything awaits."""
         started = now_ms()
         runs = []
         for job in jobs:
@@ -250,6 +261,10 @@ class Worker:
         self.metrics.claimed_many(jobs, started)
         self._idle.clear()
         self._update_room()
+        return runs
+
+    async def _start_jobs(self, runs: list[Running]) -> None:
+        jobs = [r.job for r in runs]
         done = await self._retry_db(lambda: self.results.already_done(jobs))
         for run in runs:
             if (run.job.tenant, run.job.request_id) in done:
