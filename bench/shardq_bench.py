@@ -30,7 +30,8 @@ Figures per scenario (the same names as the peers where the scenario is shared):
 
 - ``submit``: ``single_jobs_per_s`` (one unary SubmitJob at a time),
   ``unary_64_in_flight_jobs_per_s`` (64 unary calls in flight on one channel),
-  ``batch_jobs_per_s`` (SubmitJobs of ``batch_size``). No workers running.
+  ``batch_jobs_per_s`` (SubmitJobs of ``batch_size``, one call at a time) and
+  ``batch_4_in_flight_jobs_per_s`` (4 such calls in flight). No workers running.
 - ``drain``: ``jobs_per_s`` = (n − 1) / (last result row seen − first start), ``drain_s`` that
   span, ``start_jobs_per_s`` the peers' definition (first to last start),
   ``launch_to_first_start_s``.
@@ -95,6 +96,8 @@ NOOP = "bench.noop"
 ROW_POLL_S = 0.01
 WARMUP_BASE = 2_000_000_000
 IN_FLIGHT = 64
+#: SubmitJobs calls one producer keeps in flight for the pipelined batch figure.
+BATCHES_IN_FLIGHT = 4
 #: BENCH_SHARDQ_PROFILE=DIR runs every shardq process under ``py-spy record`` (raw stacks).
 PROFILE_DIR = os.environ.get("BENCH_SHARDQ_PROFILE", "")
 BIN = Path(sys.executable).parent
@@ -320,7 +323,10 @@ class Cluster:
     def start_workers(self, wait: bool = True) -> float:
         """Start the workers; return the time they were launched."""
         launched = time.time()
-        pythonpath = os.pathsep.join([str(HERE), str(HERE / "peers")])
+        # Prepended, not replaced: PYTHONPATH=<a checkout> measures that checkout's shardq.
+        pythonpath = os.pathsep.join(
+            filter(None, [str(HERE), str(HERE / "peers"), os.environ.get("PYTHONPATH")])
+        )
         for k in range(WORKERS):
             port = free_port()
             env = {
@@ -473,10 +479,19 @@ def submit(req: dict[str, Any]) -> dict[str, Any]:
                 async def batches() -> None:
                     await _submit_batches(client, range(2 * n_single, 2 * n_single + n_batch), size)
 
+                async def batches_in_flight() -> None:
+                    first = 2 * n_single + n_batch
+                    lanes = [range(first + k, first + n_batch, BATCHES_IN_FLIGHT)
+                             for k in range(BATCHES_IN_FLIGHT)]  # fmt: skip
+                    await asyncio.gather(*(_submit_batches(client, lane, size) for lane in lanes))
+
                 return {
                     "single_jobs_per_s": round(n_single / await _timed(singles), 1),
                     "unary_64_in_flight_jobs_per_s": round(n_single / await _timed(in_flight), 1),
                     "batch_jobs_per_s": round(n_batch / await _timed(batches), 1),
+                    f"batch_{BATCHES_IN_FLIGHT}_in_flight_jobs_per_s": round(
+                        n_batch / await _timed(batches_in_flight), 1
+                    ),
                 }
 
         metrics = asyncio.run(go())
@@ -487,7 +502,9 @@ def submit(req: dict[str, Any]) -> dict[str, Any]:
             producer="one process (asyncio, one gRPC channel), no workers running",
             single="unary SubmitJob, one call at a time",
             unary_64_in_flight=f"unary SubmitJob, {IN_FLIGHT} calls in flight, n_single jobs",
-            bulk_api=f"SubmitJobs, {size} jobs per call",
+            bulk_api=f"SubmitJobs, {size} jobs per call, one call at a time (as the peers' "
+            f"bulk calls); batch_{BATCHES_IN_FLIGHT}_in_flight: {BATCHES_IN_FLIGHT} calls in "
+            "flight from the same producer",
         ),
     }
 

@@ -34,7 +34,8 @@ PEER_SCENARIOS = {
 SHARDQ_ONLY = {"scale", "multishard"}
 SHARDQ_SCENARIOS = {
     **PEER_SCENARIOS,
-    "submit": {"single_jobs_per_s", "unary_64_in_flight_jobs_per_s", "batch_jobs_per_s"},
+    "submit": {"single_jobs_per_s", "unary_64_in_flight_jobs_per_s", "batch_jobs_per_s",
+               "batch_4_in_flight_jobs_per_s"},
     "drain": {"jobs_per_s", "drain_s", "start_jobs_per_s", "launch_to_first_start_s"},
     "scale": {"redis_bytes_per_scheduled_job", "claim_us_per_job_empty", "claim_us_per_job_loaded",
               "promote_us_per_job_empty", "promote_us_per_job_loaded"},
