@@ -23,6 +23,7 @@ from shard import (
     ShardSettings,
 )
 from shard.errors import InvalidArgument
+from shard.moving import ShardSide, fence_map
 from shard.scripts import SCRIPT_NAMES
 from tests.support.state import dump
 
@@ -201,6 +202,7 @@ class _OneCallPerScript:
     def __init__(self, shard: ShardClient, clock: FakeClock) -> None:
         self.shard, self.clock = shard, clock
         self.claimed: list[ClaimedJob] = []
+        self.taken: list[str] = []
 
     async def enqueue(self) -> None:
         results = await self.shard.enqueue([job("J1"), job("J2"), job("J3", delay_ms=10)])
@@ -259,10 +261,41 @@ class _OneCallPerScript:
     async def leader_release(self) -> None:
         assert await self.shard.release_leader("i1") is True
 
+    async def map_fence(self) -> None:
+        assert await fence_map(self.shard, 1) == 1
+
+    async def move_schedules_out(self) -> None:
+        await self.shard.upsert_schedule("acme", ScheduleSpec("S2", "* * * * *", "h", b"{}"))
+        assert await ShardSide(self.shard, "acme").take_schedules() == 1
+
+    async def move_in(self) -> None:  # the set-aside schedule back in place: as on a target
+        side = ShardSide(self.shard, "acme")
+        assert await side.put(schedules=await side.taken_schedules()) == (0, 0, 1)
+
+    async def move_out(self) -> None:
+        await self.shard.enqueue([job("J9", delay_ms=10_000)])
+        side = ShardSide(self.shard, "acme")
+        assert await side.take(10) >= 1  # J9, and any job earlier steps left queued
+        self.taken = await side.taken()
+
+    async def move_drop(self) -> None:
+        side = ShardSide(self.shard, "acme")
+        dropped = await side.drop(job_ids=self.taken, schedule_ids=["S2"])
+        assert dropped == (len(self.taken), 0, 1)
+
+    async def move_finish(self) -> None:
+        side = ShardSide(self.shard, "acme")
+        assert await side.finish(await side.submitted()) == (False, "schedules")
+
+    async def move_counters(self) -> None:
+        assert await ShardSide(self.shard, "bob").add_counters("m1", {"submitted": 1}, 1000)
+
 
 ORDER = [
     "enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "promote", "cancel", "reap",
     "release", "schedule_upsert", "schedule_advance", "schedule_delete", "leader", "leader_release",
+    "map_fence", "move_schedules_out", "move_in", "move_out", "move_drop", "move_finish",
+    "move_counters",
 ]  # fmt: skip
 
 
