@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Protocol
@@ -175,22 +176,29 @@ class ShardMapStore:
 
     async def set_weight(self, shard_id: int, weight: int) -> ShardMap:
         """Change a shard's share of slots and move the fewest slots to match; 0 empties it."""
-        _check_weight(weight, "weight")
+        return await self._update_shard(shard_id, weight=_check_weight(weight, "weight"))
+
+    async def set_state(self, shard_id: int, state: str) -> ShardMap:
+        """``draining`` gives the shard's slots to the others (moving its tenants, given a
+        directory); ``active`` takes a share back."""
+        if state not in SHARD_STATES:
+            raise InvalidArgument(f"not one of {SHARD_STATES}", field="state")
+        return await self._update_shard(shard_id, state=state)
+
+    async def _update_shard(self, shard_id: int, **values: int | str) -> ShardMap:
+        """Set a shard's weight or state, and re-balance the slots under the new weights."""
         async with self._changing() as (conn, version, fenced):
             before = await self._require(conn, version)
             old = before.shards.get(shard_id)
             if old is None:
                 raise NotFound(f"no shard {shard_id}", field="shard_id")
-            if old.weight == weight:
+            new = dataclasses.replace(old, **values)  # type: ignore[arg-type]
+            if new == old:
                 return before
             await conn.execute(
-                sa.update(db.shards).where(db.shards.c.shard_id == shard_id).values(weight=weight)
+                sa.update(db.shards).where(db.shards.c.shard_id == shard_id).values(**values)
             )
-            shards = {
-                **before.shards,
-                shard_id: ShardInfo(shard_id, old.address, weight, old.state),
-            }
-            await self._rebalance(conn, before, shards)
+            await self._rebalance(conn, before, {**before.shards, shard_id: new})
             return await self._commit(conn, version, True, before, fenced)
 
     async def pin(self, tenant_id: str, shard_id: int) -> ShardMap:
@@ -203,13 +211,7 @@ class ShardMapStore:
                 raise NotFound(f"no shard {shard_id}", field="shard_id")
             if before.pins.get(tenant_id) == shard_id:
                 return before
-            stmt = pg_insert(db.pins).values(tenant_id=tenant_id, shard_id=shard_id)
-            await conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[db.pins.c.tenant_id],
-                    set_={"shard_id": shard_id, "created_at": sa.func.now()},
-                )
-            )
+            await self._write_pin(conn, tenant_id, shard_id)
             return await self._commit(conn, version, True, before, fenced)
 
     async def unpin(self, tenant_id: str) -> bool:
@@ -222,28 +224,6 @@ class ShardMapStore:
                 return False
             await self._commit(conn, version, True, before, fenced)
             return True
-
-    async def set_state(self, shard_id: int, state: str) -> ShardMap:
-        """``draining`` gives the shard's slots to the others (moving its tenants, given a
-        directory); ``active`` takes a share back."""
-        if state not in SHARD_STATES:
-            raise InvalidArgument(f"not one of {SHARD_STATES}", field="state")
-        async with self._changing() as (conn, version, fenced):
-            before = await self._require(conn, version)
-            old = before.shards.get(shard_id)
-            if old is None:
-                raise NotFound(f"no shard {shard_id}", field="shard_id")
-            if old.state == state:
-                return before
-            await conn.execute(
-                sa.update(db.shards).where(db.shards.c.shard_id == shard_id).values(state=state)
-            )
-            shards = {
-                **before.shards,
-                shard_id: ShardInfo(shard_id, old.address, old.weight, state),
-            }
-            await self._rebalance(conn, before, shards)
-            return await self._commit(conn, version, True, before, fenced)
 
     async def add_shard(self, address: str, weight: int = 1) -> ShardMap:
         """A new shard (the next ID) at ``address``, given its share of slots."""
@@ -294,13 +274,7 @@ class ShardMapStore:
                 await self._write_slots(conn, changes)
             new_pins = {t: sid for t, sid in pins.items() if before.pins.get(t) != sid}
             for tenant, shard_id in sorted(new_pins.items()):
-                validation.tenant_id(tenant)
-                stmt = pg_insert(db.pins).values(tenant_id=tenant, shard_id=shard_id)
-                await conn.execute(
-                    stmt.on_conflict_do_update(
-                        index_elements=[db.pins.c.tenant_id], set_={"shard_id": shard_id}
-                    )
-                )
+                await self._write_pin(conn, validation.tenant_id(tenant), shard_id)
             return await self._commit(conn, version, bool(changes or new_pins), before, fenced)
 
     async def finish_move(self, move: TenantMove) -> bool:
@@ -438,6 +412,16 @@ class ShardMapStore:
             return False
         await ShardMapStore._write_slots(conn, changes)
         return True
+
+    @staticmethod
+    async def _write_pin(conn: AsyncConnection, tenant_id: str, shard_id: int) -> None:
+        stmt = pg_insert(db.pins).values(tenant_id=tenant_id, shard_id=shard_id)
+        await conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[db.pins.c.tenant_id],
+                set_={"shard_id": shard_id, "created_at": sa.func.now()},
+            )
+        )
 
     @staticmethod
     async def _write_slots(conn: AsyncConnection, changes: Sequence[tuple[int, int]]) -> None:

@@ -107,9 +107,10 @@ async def test_reads_writes_and_dedupe_span_both_sides_while_a_tenant_moves(
 
         assert (await c.get(a1.job_id)).shard_id == 0
         assert (await c.cancel(a3.job_id)).state == common_pb2.JOB_STATE_CANCELLED
-        ready = await list_all(c, common_pb2.JOB_STATE_READY)
+        ready = [j.job_id for j in await list_all(c, common_pb2.JOB_STATE_READY)]
         assert sorted(ready) == sorted([a1.job_id, n1.job_id])
-        assert await list_all(c, common_pb2.JOB_STATE_SCHEDULED) == [a2.job_id]
+        scheduled = await list_all(c, common_pb2.JOB_STATE_SCHEDULED)
+        assert [j.job_id for j in scheduled] == [a2.job_id]
         assert (await c.tenant_stats()).submitted_total == 4
         assert [s.schedule_id for s in await c.list_schedules()] == ["S1"]
 
@@ -142,11 +143,15 @@ async def test_reads_writes_and_dedupe_span_both_sides_while_a_tenant_moves(
         assert (await c.get(a2.job_id)).shard_id == 1
 
 
-async def list_all(c: AsyncClient, state: common_pb2.JobState.ValueType) -> list[str]:
+async def list_all(
+    c: AsyncClient, state: common_pb2.JobState.ValueType, page_size: int = 1
+) -> list[common_pb2.Job]:
+    """Every job of a state, page by page (pages of 1 cross from one side of a move to the
+    other mid-listing)."""
     out, token = [], ""
     while True:
-        page = await c.list_jobs(state, page_size=1, page_token=token)
-        out += [j.job_id for j in page.jobs]
+        page = await c.list_jobs(state, page_size=page_size, page_token=token)
+        out += list(page.jobs)
         token = page.next_page_token
         if not token:
             return out
@@ -270,16 +275,8 @@ def start_mover(argv: list[str]) -> subprocess.Popen[bytes]:
 
 
 async def all_jobs(c: AsyncClient) -> list[common_pb2.Job]:
-    out = []
-    for state in (common_pb2.JOB_STATE_SCHEDULED, common_pb2.JOB_STATE_READY):
-        token = ""
-        while True:
-            page = await c.list_jobs(state, page_size=1000, page_token=token)
-            out += list(page.jobs)
-            token = page.next_page_token
-            if not token:
-                break
-    return out
+    states = (common_pb2.JOB_STATE_SCHEDULED, common_pb2.JOB_STATE_READY)
+    return [j for state in states for j in await list_all(c, state, page_size=1000)]
 
 
 @pytest.mark.timeout(600)
