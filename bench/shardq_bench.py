@@ -734,7 +734,7 @@ async def _used_memory(redis: Redis) -> int:
     return int(info["used_memory"])
 
 
-async def _load(url: str, count: int) -> dict[str, float]:
+async def _load(url: str, count: int) -> dict[str, Any]:
     """``count`` jobs scheduled an hour or more ahead, through the shard API, 500 per call."""
     redis = Redis.from_url(url)
     client = ShardClient(redis)
@@ -752,11 +752,32 @@ async def _load(url: str, count: int) -> dict[str, float]:
         load_s = time.perf_counter() - t0
         after = await _used_memory(redis)
         scheduled = await redis.zcard(client.keys.scheduled())
+        breakdown = await _memory_breakdown(redis, client, count)
     finally:
         await redis.aclose()
     if scheduled != count:
         raise RuntimeError(f"{scheduled} jobs scheduled, expected {count}")
-    return {"bytes": (after - before) / count, "load_s": load_s}
+    return {"bytes": (after - before) / count, "load_s": load_s, "breakdown": breakdown}
+
+
+async def _memory_breakdown(redis: Redis, client: ShardClient, count: int) -> dict[str, float]:
+    """Bytes per scheduled job by structure (``MEMORY USAGE``; a sample of job hashes and
+    dedupe keys, the two delayed ZSETs whole), to show where the per-job memory goes."""
+    k = client.keys
+    ids = [i.decode() for i in await redis.zrange(k.scheduled(), 0, 99)]
+    jobs = [await redis.memory_usage(k.job(i)) or 0 for i in ids]
+    dedupe = []
+    for i in ids:
+        request_id = await redis.hget(k.job(i), "r")
+        dedupe.append(await redis.memory_usage(k.dedupe("bench-load", request_id.decode())) or 0)
+    shard_zset = await redis.memory_usage(k.scheduled(), samples=0) or 0
+    tenant_zset = await redis.memory_usage(k.scheduled_by_tenant("bench-load"), samples=0) or 0
+    return {
+        "job_hash": round(sum(jobs) / len(jobs), 1),
+        "dedupe_key": round(sum(dedupe) / len(dedupe), 1),
+        "scheduled_zset_entry": round(shard_zset / count, 1),
+        "tenant_scheduled_zset_entry": round(tenant_zset / count, 1),
+    }
 
 
 def scale(req: dict[str, Any]) -> dict[str, Any]:
@@ -794,6 +815,7 @@ def scale(req: dict[str, Any]) -> dict[str, Any]:
             f"payload {avg_payload:.1f} bytes on average, 32-char request IDs",
             "bytes_per_job": "Redis used_memory growth / jobs: job hash, both delayed ZSET "
             "entries, the dedupe key",
+            "bytes_per_job_by_structure": loaded_info["breakdown"],
         },
     }
 
