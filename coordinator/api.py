@@ -240,9 +240,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         side, inner = 0, page_token
         if page_token.startswith("m"):
             head, _, inner = page_token[1:].partition(".")
-            if not head.isdigit():
+            side = _offset(head) if head else -1
+            if side not in (0, 1):
                 raise InvalidArgument("not a token from this listing", field="page_token")
-            side = int(head)
         if side >= len(sides):
             return [], ""  # the move ended while paging: the target's part was listed
         shard_id, client = sides[side]

@@ -286,7 +286,10 @@ REQUEST_IDS = st.one_of(st.just(""), TEXT, st.sampled_from(["r1", "r2", "r3", "c
 HANDLERS = st.one_of(TEXT, st.sampled_from(["h", "email.send", "a:b-c.d"]))
 STATES = st.one_of(st.integers(0, 6), st.integers(-(2**31), 2**31 - 1))
 PAGE_TOKENS = st.one_of(
-    TEXT, st.sampled_from(["0", "5", "100", "9.0", "3.2", "2147483648", "9.2147483648", "-5"])
+    TEXT,
+    st.sampled_from(["0", "5", "100", "9.0", "3.2", "2147483648", "9.2147483648", "-5"]),
+    # The tokens of a listing that spans both sides of a tenant move, and near misses.
+    st.sampled_from(["m0.", "m1.", "m0.9.0", "m1.5", "m2.0", "m", "m.", "m²", "m-1.0", "m1.x"]),
 )
 
 
