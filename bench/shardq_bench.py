@@ -700,29 +700,41 @@ async def _probe(url: str, n: int, tenant: str) -> dict[str, float]:
     ahead = ShardClient(redis, clock=ShiftedClock(120_000))
     try:
         await client.enqueue([NewJob(tenant, NOOP, b"0", uuid.uuid4().hex) for _ in range(n)])
-        t0 = time.perf_counter()
+        r0, t0 = await _script_usec(redis), time.perf_counter()
         claimed = []
         while len(claimed) < n:
             got = await client.claim("bench-probe", 100, 60_000)
             if not got:
                 raise RuntimeError(f"claimed {len(claimed)}/{n} probe jobs")
             claimed += got
-        claim_s = time.perf_counter() - t0
+        claim_s, claim_redis = time.perf_counter() - t0, await _script_usec(redis) - r0
         for lo in range(0, n, 500):
             await client.ack([_lease(j) for j in claimed[lo : lo + 500]])
         soon = client.clock.now_ms() + 60_000
         jobs = [NewJob(tenant, NOOP, b"0", uuid.uuid4().hex, run_at_ms=soon) for _ in range(n)]
         await client.enqueue(jobs)
-        t0 = time.perf_counter()
+        r0, t0 = await _script_usec(redis), time.perf_counter()
         promoted, _ = await ahead.promote()
-        promote_s = time.perf_counter() - t0
+        promote_s, promote_redis = time.perf_counter() - t0, await _script_usec(redis) - r0
         if promoted != n:
             raise RuntimeError(f"promoted {promoted}/{n} probe jobs")
         while got := await client.claim("bench-probe", 100, 60_000):  # leave the shard as found
             await client.ack([_lease(j) for j in got])
     finally:
         await redis.aclose()
-    return {"claim_us": claim_s / n * 1e6, "promote_us": promote_s / n * 1e6}
+    return {
+        "claim_us": claim_s / n * 1e6,
+        "promote_us": promote_s / n * 1e6,
+        "claim_redis_us": claim_redis / n,
+        "promote_redis_us": promote_redis / n,
+    }
+
+
+async def _script_usec(redis: Redis) -> int:
+    """µs Redis has spent in EVALSHA so far (INFO commandstats): the server's share of a
+    probe, apart from the client and the machine's scheduling."""
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("usec", 0))
 
 
 def _lease(job: ClaimedJob) -> Lease:
@@ -801,6 +813,10 @@ def scale(req: dict[str, Any]) -> dict[str, Any]:
             "promote_us_per_job_loaded": round(loaded["promote_us"], 2),
             "claim_loaded_over_empty": round(loaded["claim_us"] / empty["claim_us"], 3),
             "promote_loaded_over_empty": round(loaded["promote_us"] / empty["promote_us"], 3),
+            "claim_redis_us_per_job_empty": round(empty["claim_redis_us"], 2),
+            "claim_redis_us_per_job_loaded": round(loaded["claim_redis_us"], 2),
+            "promote_redis_us_per_job_empty": round(empty["promote_redis_us"], 2),
+            "promote_redis_us_per_job_loaded": round(loaded["promote_redis_us"], 2),
             "load_jobs_per_s": round(count / loaded_info["load_s"], 1),
         },
         "config": {
