@@ -145,6 +145,35 @@ async def test_reads_writes_and_dedupe_span_both_sides_while_a_tenant_moves(
         assert (await c.get(a2.job_id)).shard_id == 1
 
 
+async def test_a_coordinator_that_missed_the_move_is_refused_by_the_source_and_reroutes(
+    database_url: str,
+) -> None:
+    async with running_cluster(database_url) as cluster:
+        tenant = tenant_on(cluster, 0)
+        c = await cluster.client(tenant)
+        first = await c.submit("test.work", {}, request_id="before")
+        async with cluster.replica() as replica:
+            # This replica stops following the map: it keeps routing with the old one.
+            await replica.coordinator.follower.stop()
+            stale = replica.coordinator.shard_map.version
+            assert await run_cli(cluster, "tenants", "move", tenant, "1", "--no-move") == 0
+            assert replica.coordinator.shard_map.version == stale
+            async with AsyncClient(replica.target, await cluster.token_for(tenant)) as rc:
+                # Sent to the source with the old map, refused there (map fence), re-routed.
+                late = await rc.submit("test.work", {}, request_id="late")
+                assert late.job.shard_id == 1
+                items = await rc.submit_many([job_spec("test.work", {}, request_id="many")])
+                assert (await c.get(items[0].job_id)).shard_id == 1
+                again = await rc.submit("test.work", {}, request_id="before")
+                assert (again.job_id, again.deduplicated) == (first.job_id, True)
+            assert replica.coordinator.shard_map.version > stale
+        source = Redis(port=cluster.shards[0].port)
+        assert await source.hget(f"sq:counts:{tenant}", "submitted") == b"1"  # nothing new
+        await source.aclose()
+        assert await run_cli(cluster, "moves", "run") == 0
+        assert await keys_of(cluster, 0, tenant) == []
+
+
 async def list_all(
     c: AsyncClient, state: common_pb2.JobState.ValueType, page_size: int = 1
 ) -> list[common_pb2.Job]:
