@@ -43,6 +43,9 @@ from shardq.v1 import (
     workers_pb2_grpc,
 )
 
+#: A submitted job: its ``ShardClient.prepare`` fields, the shard's answer, and the shard.
+Enqueued = tuple[list[Any], EnqueueResult, int]
+
 #: Times a submit is routed again after a shard refused the map it was routed with.
 MAX_REROUTES = 5
 
@@ -171,15 +174,15 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def _enqueue(
         self, tenant: str, specs: list[common_pb2.JobSpec], coalesce: bool
-    ) -> list[tuple[str, EnqueueResult] | ShardqError]:
-        """Submit ``specs`` to the tenant's shard: per spec, (request_id, result) or the error
-        of a spec that is not a valid job. Jobs a shard refuses as routed with an old map (a
-        move started) are routed again once this replica has caught up with the new one."""
-        out: list[tuple[str, EnqueueResult] | ShardqError | None] = [None] * len(specs)
+    ) -> list[Enqueued | ShardqError]:
+        """Submit ``specs`` to the tenant's shard: per spec, (its prepared fields, result,
+        shard) or the error of a spec that is not a valid job. Jobs a shard refuses as routed
+        with an old map (a move started) are routed again once this replica has caught up."""
+        out: list[Enqueued | ShardqError | None] = [None] * len(specs)
         pending = list(range(len(specs)))
         for _ in range(MAX_REROUTES):
             smap = self.c.shard_map
-            _, client, coalescer = self.c.route(tenant)
+            shard_id, client, coalescer = self.c.route(tenant)
             now = client.clock.now_ms()
             prepared: list[list[Any]] = []
             positions: list[int] = []
@@ -216,7 +219,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                     pending.append(i)
                     needed = max(needed, res.retry_after_ms)
                 else:
-                    out[i] = (fields[2], res)
+                    out[i] = (fields, res, shard_id)
             if not pending:
                 return [o for o in out if o is not None]
             await self.c.catch_up(needed)
@@ -272,9 +275,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         (outcome,) = await self._enqueue(tenant, [request.job], coalesce=True)
         if isinstance(outcome, ShardqError):
             raise outcome
-        res = outcome[1]
+        fields, res, shard_id = outcome
         raise_for_enqueue(res)
-        shard_id, _, rec = await self.c.find_job(tenant, res.job_id)
+        if res.code is ItemCode.OK:  # just made from these fields: no need to read it back
+            rec = convert.record_of_new_job(fields, res)
+        else:
+            shard_id, _, rec = await self.c.find_job(tenant, res.job_id)
         return jobs_pb2.SubmitJobResponse(
             job=convert.job_to_pb(rec, shard_id), deduplicated=res.deduplicated
         )
@@ -292,7 +298,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         outcomes = await self._enqueue(tenant, list(request.jobs), coalesce=False)
         return jobs_pb2.SubmitJobsResponse(
             items=[
-                _item_error(i, o) if isinstance(o, ShardqError) else _item(i, o[0], o[1])
+                _item_error(i, o) if isinstance(o, ShardqError) else _item(i, o[0][2], o[1])
                 for i, o in enumerate(outcomes)
             ]
         )

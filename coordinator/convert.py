@@ -8,7 +8,15 @@ from typing import Any
 
 from shard import cron, validation
 from shard.errors import InvalidArgument
-from shard.models import JobRecord, Limits, NewJob, Schedule, ScheduleSpec, TenantLoad
+from shard.models import (
+    EnqueueResult,
+    JobRecord,
+    Limits,
+    NewJob,
+    Schedule,
+    ScheduleSpec,
+    TenantLoad,
+)
 from shardq.v1 import common_pb2, schedules_pb2
 
 STATE_TO_PB = {
@@ -115,6 +123,19 @@ def new_job(
         timeout_ms=spec.timeout_ms,
         limits=limits,
     )
+
+
+def record_of_new_job(fields: list[Any], res: EnqueueResult) -> JobRecord:
+    """The record of a job enqueue just created, from its ``ShardClient.prepare`` fields: what
+    GetJob would read back, without reading it."""
+    tenant, _, request_id, handler, payload, priority, run_at, max_attempts, timeout = fields[:9]
+    return JobRecord(
+        job_id=res.job_id, tenant=tenant, request_id=request_id, handler=handler,
+        payload=payload, priority=int(priority), state=res.state, run_at_ms=int(run_at),
+        created_at_ms=res.created_at_ms, attempts=0, max_attempts=int(max_attempts),
+        timeout_ms=int(timeout), fence=0, worker_id="", started_at_ms=0, finished_at_ms=0,
+        last_error="", cancel_requested=False,
+    )  # fmt: skip
 
 
 def job_to_pb(rec: JobRecord, shard_id: int, result: bytes | None = None) -> common_pb2.Job:

@@ -162,7 +162,9 @@ class ShardClient:
                 args.extend(fields)
             rows = await self._run("enqueue", [], args)
             out.extend(
-                EnqueueResult(ItemCode(int(c)), _s(jid), _s(st), int(ra)) for c, jid, st, ra in rows
+                # enqueue.lua stamps a job it creates with ARGV[1]: this call's `now`.
+                EnqueueResult(ItemCode(int(c)), _s(jid), _s(st), int(ra), now if int(c) == 0 else 0)
+                for c, jid, st, ra in rows
             )
         return out
 

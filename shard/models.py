@@ -69,6 +69,8 @@ class EnqueueResult:
     job_id: str
     state: str
     retry_after_ms: int = 0
+    #: The new job's created-at (unix ms) when this call created it (OK); 0 otherwise.
+    created_at_ms: int = 0
 
     @property
     def accepted(self) -> bool:

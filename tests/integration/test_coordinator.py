@@ -47,6 +47,21 @@ async def test_a_submitted_job_can_be_read_back(cluster: Cluster) -> None:
     )  # fmt: skip
     assert json.loads(job.payload) == {"to": "a@example.com"}
     assert job.shard_id == cluster.coordinator.shard_map.shard_for("acme")
+    assert sub.job == job  # the answer (built without reading the job back) is what is stored
+
+
+async def test_a_submit_answers_exactly_what_get_then_reads(cluster: Cluster) -> None:
+    c = await cluster.client("acme")
+    subs = await asyncio.gather(
+        c.submit("h", {"n": 1}),
+        c.submit("h", {"n": 2}, priority=9, max_attempts=3, timeout_ms=1_000),
+        c.submit("h", {"n": 3}, run_at_ms=1_000),  # due long ago: ready at once
+        *(c.submit("h", {"n": i}, delay_ms=i) for i in range(20)),  # coalesced together
+    )
+    for sub in subs:
+        assert sub.job == await c.get(sub.job_id)
+    again = await c.submit("h", {"n": 1}, request_id=subs[0].job.request_id)
+    assert again.deduplicated and again.job == subs[0].job
 
 
 async def test_fifty_concurrent_submits_of_one_request_id_make_one_job(cluster: Cluster) -> None:
