@@ -75,6 +75,7 @@ from _common import (  # noqa: E402
     TENANT_B_BASE,
     count_starts,
     duplicate_starts,
+    fairness_metrics,
     read_starts,
     serve,
     summary_ms,
@@ -663,12 +664,7 @@ def fairness(req: dict[str, Any]) -> dict[str, Any]:
         asyncio.run(tenant_b())
         cluster.wait_starts(n_a + n_b, p["timeout_s"])
         starts = read_starts(cluster.starts)
-    opened = min(starts.values())
-    a_waits = [starts[i] - max(a_times[i], opened) for i in range(n_a)]
-    b_waits = [starts[TENANT_B_BASE + k] - b_times[k] for k in range(n_b)]
-    metrics = {**summary_ms(b_waits, "b_wait_"), **summary_ms(a_waits, "a_wait_")}
-    metrics["b_p99_over_a_p99"] = round(metrics["b_wait_p99_ms"] / metrics["a_wait_p99_ms"], 3)
-    metrics["flood_drain_s"] = round(max(starts[i] for i in range(n_a)) - opened, 3)
+    metrics = fairness_metrics(starts, a_times, b_times)
     return {
         "metrics": metrics,
         "config": _config(

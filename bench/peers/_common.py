@@ -98,6 +98,21 @@ def summary_ms(values_s: Sequence[float], prefix: str = "") -> dict[str, float]:
     }
 
 
+def fairness_metrics(
+    starts: dict[int, float], a_times: Sequence[float], b_times: Sequence[float]
+) -> dict[str, float]:
+    """The fairness figures from job starts (A's jobs numbered 0..n_a-1, B's from
+    TENANT_B_BASE): B's wait is start - submit; A's is start - max(submit, first start)."""
+    opened = min(starts.values())
+    n_a = len(a_times)
+    a_waits = [starts[i] - max(a_times[i], opened) for i in range(n_a)]
+    b_waits = [starts[TENANT_B_BASE + k] - t for k, t in enumerate(b_times)]
+    metrics = {**summary_ms(b_waits, "b_wait_"), **summary_ms(a_waits, "a_wait_")}
+    metrics["b_p99_over_a_p99"] = round(metrics["b_wait_p99_ms"] / metrics["a_wait_p99_ms"], 3)
+    metrics["flood_drain_s"] = round(max(starts[i] for i in range(n_a)) - opened, 3)
+    return metrics
+
+
 def log(*parts: object) -> None:
     print(*parts, file=sys.stderr, flush=True)
 

@@ -18,6 +18,7 @@ from _common import (
     Workers,
     count_starts,
     duplicate_starts,
+    fairness_metrics,
     log,
     read_starts,
     summary_ms,
@@ -236,12 +237,7 @@ def fairness(req: dict[str, Any], peer: Peer) -> dict[str, Any]:
             time.sleep(p["b_gap_s"])
         _wait_all(req, workers, n_a + n_b, timeout=p["timeout_s"])
         starts = read_starts(path)
-    opened = min(starts.values())
-    a_waits = [starts[i] - max(a_times[i], opened) for i in range(n_a)]
-    b_waits = [starts[TENANT_B_BASE + k] - b_times[k] for k in range(n_b)]
-    metrics = {**summary_ms(b_waits, "b_wait_"), **summary_ms(a_waits, "a_wait_")}
-    metrics["b_p99_over_a_p99"] = round(metrics["b_wait_p99_ms"] / metrics["a_wait_p99_ms"], 3)
-    metrics["flood_drain_s"] = round(max(starts[i] for i in range(n_a)) - opened, 3)
+    metrics = fairness_metrics(starts, a_times, b_times)
     return {
         "metrics": metrics,
         "config": _config(
