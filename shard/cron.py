@@ -29,3 +29,9 @@ def next_tick_ms(expr: str, time_zone: str, after_ms: int) -> int:
     start = datetime.fromtimestamp(after_ms / 1000, tz=UTC).astimezone(zone(time_zone))
     nxt: datetime = croniter(expr, start).get_next(datetime)
     return int(nxt.timestamp() * 1000)
+
+
+def tick_request_id(schedule_id: str, tick_ms: int) -> str:
+    """The request_id of the job a schedule's tick enqueues: firing a tick twice (a retried
+    loop, a moved schedule) dedupes to one job. move_schedules_out.lua spells it too."""
+    return f"cron:{schedule_id}:{tick_ms}"

@@ -206,7 +206,7 @@ class ShardLoop:
                         tenant=tick.tenant,
                         handler=spec.handler,
                         payload=spec.payload,
-                        request_id=f"cron:{tick.schedule_id}:{tick.tick_ms}",
+                        request_id=cron.tick_request_id(tick.schedule_id, tick.tick_ms),
                         priority=spec.priority,
                         run_at_ms=min(tick.tick_ms, now),
                         max_attempts=spec.max_attempts,

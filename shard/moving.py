@@ -108,7 +108,7 @@ class ShardSide:
 
     async def fired(self, schedule_id: str, tick_ms: int) -> bool:
         """Whether this shard's loop enqueued the job of that tick (its dedupe key exists)."""
-        rid = f"cron:{schedule_id}:{tick_ms}"
+        rid = cron.tick_request_id(schedule_id, tick_ms)
         return bool(await self._r.exists(self.keys.dedupe(self.tenant, rid)))
 
     async def dedupe_keys(self, count: int = 1000) -> list[DedupeCopy]:
