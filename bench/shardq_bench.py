@@ -22,7 +22,7 @@ end: the server is shared by all runs), and the cluster is built as an operator 
 ``shardq migrate``, ``shardq shards init --address ...``, ``shardq tokens create``, then one
 ``shardq-shard`` loop per shard, one ``shardq-coordinator`` and (when the scenario runs jobs)
 ``WORKERS`` × ``shardq-worker --handlers shardq_handlers``. Jobs are submitted through the
-gRPC API (``coordinator.client.AsyncClient``: ``SubmitJob`` / ``SubmitJobs``). A job counts
+gRPC API (``shardq.AsyncClient``: ``SubmitJob`` / ``SubmitJobs``). A job counts
 as done when its result row is in Postgres: drain rates are measured to the moment the last
 row is seen (polled every ``ROW_POLL_S``), not to the last start.
 
@@ -40,7 +40,7 @@ Figures per scenario (the same names as the peers where the scenario is shared):
 - ``fairness``: tenants A and B are two shardq tenants on the one shard.
 - ``scale``: ``redis_bytes_per_scheduled_job`` with ``params.scheduled`` jobs scheduled on one
   shard; ``claim_us_per_job_*`` and ``promote_us_per_job_*`` on the empty and the loaded shard
-  (through the shard's Python API, ``shard.client.ShardClient``: claim and promote are shard
+  (through the shard's Python API, ``shardq.shard.client.ShardClient``: claim and promote are shard
   operations; the coordinator is not on their path).
 - ``multishard``: ``jobs_per_s_<k>_shards`` for each k in ``params.shards`` (a drain, one
   tenant pinned to each shard, jobs split evenly).
@@ -83,10 +83,10 @@ from _common import (  # noqa: E402
 )
 from redis.asyncio import Redis  # noqa: E402
 
-from coordinator.client import AsyncClient, RetryPolicy, job_spec  # noqa: E402
-from shard.client import ShardClient  # noqa: E402
-from shard.models import ClaimedJob, Lease, NewJob  # noqa: E402
-from shard.redis_server import free_port, parent_death_prefix  # noqa: E402
+from shardq.client import AsyncClient, RetryPolicy, job_spec  # noqa: E402
+from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix  # noqa: E402
+from shardq.shard.client import ShardClient  # noqa: E402
+from shardq.shard.models import ClaimedJob, Lease, NewJob  # noqa: E402
 from shardq.v1 import common_pb2  # noqa: E402
 
 WORKERS = 2
@@ -817,8 +817,8 @@ def scale(req: dict[str, Any]) -> dict[str, Any]:
         },
         "config": {
             "params": req["params"],
-            "concurrency": {"processes": 1, "how": "this process, through shard.client"},
-            "how": "jobs enqueued through shard.client.ShardClient (the shard's Python API; "
+            "concurrency": {"processes": 1, "how": "this process, through shardq.shard.client"},
+            "how": "jobs enqueued through shardq.shard.client.ShardClient (the shard's Python API; "
             "claim and promote are shard operations, the coordinator is not on their path); "
             f"claim and promote timed per job over {probe_n} probe jobs (claim: batches of "
             "100; promote: batches of 500), each measured on the empty shard and with the "

@@ -12,7 +12,7 @@ from typing import Any
 
 from _common import record_start
 
-from worker import Context, handler
+from shardq.worker import Context, handler
 
 NOOP = "bench.noop"
 

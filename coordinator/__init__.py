@@ -1,1 +1,2 @@
-"""The shardq coordinator: gRPC API, tenant placement and the Python client."""
+"""The front door: the gRPC API over the shards, tenant placement and the shard map, tokens,
+the mover, and the `shardq` command line (``cli``) with its local tools (``tools``)."""

@@ -1,3 +1,3 @@
-from coordinator.server import main
+from shardq.coordinator.server import main
 
 main()

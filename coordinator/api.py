@@ -13,22 +13,16 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
-from coordinator import convert
-from coordinator.app import Coordinator
-from coordinator.assignment import assign
-from coordinator.errors import Ctx, abort, item_code, shorten, translate
-from shard import validation
-from shard.client import ShardClient, raise_for_enqueue
-from shard.errors import (
-    AlreadyExists,
-    InvalidArgument,
-    ItemCode,
-    NotFound,
-    ShardqError,
-    Unavailable,
-)
-from shard.ids import new_job_id
-from shard.models import EnqueueResult, JobRecord
+from shardq.common import validation
+from shardq.common.errors import AlreadyExists, InvalidArgument, NotFound, ShardqError, Unavailable
+from shardq.common.ids import new_job_id
+from shardq.coordinator import convert
+from shardq.coordinator.app import Coordinator
+from shardq.coordinator.assignment import assign
+from shardq.coordinator.errors import Ctx, abort, item_code, shorten, translate
+from shardq.shard.client import ShardClient, raise_for_enqueue
+from shardq.shard.codes import ItemCode
+from shardq.shard.models import EnqueueResult, JobRecord
 from shardq.v1 import (
     admin_pb2,
     admin_pb2_grpc,

@@ -14,30 +14,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import db
-from coordinator.coalesce import Coalescer
-from coordinator.errors import Ctx
-from coordinator.placement import ShardMap
-from coordinator.registry import WorkerRegistry
-from coordinator.shardmap import ShardMapFollower, ShardMapStore
-from coordinator.tokens import Principal, TokenStore
-from shard import validation
-from shard.client import ShardClient
-from shard.errors import (
+from shardq.common import validation
+from shardq.common.errors import (
     InvalidArgument,
-    ItemCode,
     NotFound,
     PermissionDenied,
     Unauthenticated,
     Unavailable,
 )
-from shard.models import EnqueueResult, JobRecord, Limits, ShardSettings
+from shardq.common.redis import redis_for
+from shardq.coordinator.coalesce import Coalescer
+from shardq.coordinator.errors import Ctx
+from shardq.coordinator.placement import ShardMap
+from shardq.coordinator.registry import WorkerRegistry
+from shardq.coordinator.shardmap import ShardMapFollower, ShardMapStore
+from shardq.coordinator.tokens import Principal, TokenStore
+from shardq.shard.client import ShardClient
+from shardq.shard.codes import ItemCode
+from shardq.shard.models import EnqueueResult, JobRecord, Limits, ShardSettings
+from shardq.store import db
+from shardq.store.results import read_result
 
 log = logging.getLogger("shardq.coordinator")
 
@@ -89,21 +87,6 @@ def parse_tenant_limits(raw: str) -> dict[str, Limits]:
             max_pending=int(spec.get("max_pending", 0)), rate_per_s=float(spec.get("rate_per_s", 0))
         )
     return out
-
-
-def redis_for(address: str, password: str) -> Redis:
-    host, _, port = address.rpartition(":")
-    return Redis(
-        host=host or "127.0.0.1",
-        port=int(port),
-        password=password or None,
-        socket_connect_timeout=1.0,
-        socket_timeout=10.0,
-        socket_keepalive=True,
-        health_check_interval=15,
-        # A down shard must answer UNAVAILABLE quickly, not after long retry sleeps.
-        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), retries=1),
-    )
 
 
 class ShardPool:
@@ -289,14 +272,4 @@ class Coordinator:
 
     async def result_of(self, tenant: str, request_id: str) -> bytes | None:
         """The recorded result of a succeeded job, as JSON bytes."""
-        async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    text(
-                        "SELECT result::text FROM shardq_results "
-                        "WHERE tenant_id = :t AND request_id = :r"
-                    ),
-                    {"t": tenant, "r": request_id},
-                )
-            ).first()
-        return row[0].encode() if row and row[0] is not None else None
+        return await read_result(self.engine, tenant, request_id)

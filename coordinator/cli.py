@@ -31,17 +31,20 @@ from google.protobuf.message import Message
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import db, demo, dev, rebalance
-from coordinator.client import Client, RetryPolicy, job_spec
-from coordinator.errors import CODES
-from coordinator.migrate import head_revision, upgrade
-from coordinator.mover import Mover, MoveReport, RedisShards
-from coordinator.placement import DRAINING, SLOT_COUNT, ShardMap
-from coordinator.shardmap import MapNotInitialized, Preview, ShardMapStore
-from coordinator.tokens import TokenStore
-from shard import config
-from shard.errors import InvalidArgument, ShardqError, Unauthenticated
-from shard.models import ShardSettings
+from shardq.client import Client, RetryPolicy, job_spec
+from shardq.common import config
+from shardq.common.errors import InvalidArgument, ShardqError, Unauthenticated
+from shardq.common.placement import DRAINING, SLOT_COUNT
+from shardq.coordinator import rebalance
+from shardq.coordinator.errors import CODES
+from shardq.coordinator.mover import Mover, MoveReport, RedisShards
+from shardq.coordinator.placement import ShardMap
+from shardq.coordinator.shardmap import MapNotInitialized, Preview, ShardMapStore
+from shardq.coordinator.tokens import TokenStore
+from shardq.coordinator.tools import demo, dev
+from shardq.shard.models import ShardSettings
+from shardq.store import db
+from shardq.store.migrate import head_revision, upgrade
 from shardq.v1 import admin_pb2, common_pb2
 
 Handler = Callable[[argparse.Namespace], int | Awaitable[int]]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shard.client import ShardClient
-from shard.models import EnqueueResult
+from shardq.shard.client import ShardClient
+from shardq.shard.models import EnqueueResult
 
 
 class Coalescer:

@@ -6,9 +6,10 @@ import json
 import time
 from typing import Any
 
-from shard import cron, validation
-from shard.errors import InvalidArgument
-from shard.models import (
+from shardq.common import validation
+from shardq.common.errors import InvalidArgument
+from shardq.shard import cron
+from shardq.shard.models import (
     EnqueueResult,
     JobRecord,
     Limits,

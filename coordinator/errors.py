@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shard import errors as e
+from shardq.common import errors as e
 
 log = logging.getLogger("shardq.coordinator")
 

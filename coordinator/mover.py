@@ -25,12 +25,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.app import redis_for
-from coordinator.placement import ShardInfo, ShardMap, TenantMove
-from coordinator.shardmap import ShardMapStore
-from shard.client import ShardClient
-from shard.models import ShardSettings
-from shard.moving import ShardSide, fence_map
+from shardq.common.redis import redis_for
+from shardq.coordinator.placement import ShardInfo, ShardMap, TenantMove
+from shardq.coordinator.shardmap import ShardMapStore
+from shardq.shard.client import ShardClient
+from shardq.shard.models import ShardSettings
+from shardq.shard.moving import ShardSide, fence_map
 
 log = logging.getLogger("shardq.coordinator.mover")
 

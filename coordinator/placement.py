@@ -1,9 +1,10 @@
 """Tenant placement: tenant → slot → shard, and the slot balancing behind adding shards.
 
-Pure functions and values, no I/O: :mod:`coordinator.shardmap` loads and stores the map, this
-module decides. The slot count is fixed forever (as in Redis Cluster), so growing the cluster
-moves slots between shards and never rehashes tenants: adding a shard to N moves about
-1/(N+1) of the slots, and so about 1/(N+1) of the tenants.
+Pure functions and values, no I/O: :mod:`shardq.coordinator.shardmap` loads and stores the
+map, this module decides. The rule itself (slot count, hash) is :mod:`shardq.common.placement`.
+The slot count is fixed forever (as in Redis Cluster), so growing the cluster moves slots
+between shards and never rehashes tenants: adding a shard to N moves about 1/(N+1) of the
+slots, and so about 1/(N+1) of the tenants.
 """
 
 from __future__ import annotations
@@ -13,26 +14,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
-import mmh3
-
-#: Number of slots. Fixed forever: changing it (or the hash below) would move every tenant.
-SLOT_COUNT = 16384
-
-#: Shard states. A draining shard keeps its jobs but is given no slots (its weight counts as 0).
-ACTIVE, DRAINING = "active", "draining"
-SHARD_STATES = (ACTIVE, DRAINING)
+from shardq.common.placement import ACTIVE, DRAINING, SLOT_COUNT, slot_of
 
 K = TypeVar("K")
 V = TypeVar("V")
-
-
-def slot_of(tenant_id: str) -> int:
-    """The slot of ``tenant_id``: unsigned 32-bit MurmurHash3 (seed 0) of its UTF-8 bytes.
-
-    Fixed forever, like :data:`SLOT_COUNT`: every coordinator replica and every worker must
-    compute the same slot for a tenant, and changing the function would move every tenant.
-    """
-    return mmh3.hash(tenant_id.encode(), 0, signed=False) % SLOT_COUNT
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from coordinator.placement import ShardMap, slot_of
-from shard.models import TenantLoad
+from shardq.common.placement import slot_of
+from shardq.coordinator.placement import ShardMap
+from shardq.shard.models import TenantLoad
 
 #: Seconds of backlog counted as one job per second of load.
 BACKLOG_HORIZON_S = 60.0

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.db import Uncancellable, workers
+from shardq.store.db import Uncancellable, workers
 
 log = logging.getLogger("shardq.coordinator")
 

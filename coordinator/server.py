@@ -13,11 +13,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from coordinator import api, db
-from coordinator.app import Coordinator, CoordinatorSettings, parse_tenant_limits
-from shard import config
-from shard.models import Limits, ShardSettings
-from shard.ops_http import OpsServer
+from shardq.common import config
+from shardq.common.ops_http import OpsServer
+from shardq.coordinator import api
+from shardq.coordinator.app import Coordinator, CoordinatorSettings, parse_tenant_limits
+from shardq.shard.models import Limits, ShardSettings
+from shardq.store import db
 from shardq.v1 import (
     admin_pb2,
     jobs_pb2,

@@ -29,17 +29,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from coordinator import db
-from coordinator.placement import (
-    SHARD_STATES,
-    SLOT_COUNT,
-    ShardInfo,
-    ShardMap,
-    TenantMove,
-    balance_slots,
-)
-from shard import validation
-from shard.errors import FailedPrecondition, InvalidArgument, NotFound
+from shardq.common import validation
+from shardq.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from shardq.common.placement import SHARD_STATES, SLOT_COUNT
+from shardq.coordinator.placement import ShardInfo, ShardMap, TenantMove, balance_slots
+from shardq.store import db
 
 log = logging.getLogger("shardq.coordinator.shardmap")
 

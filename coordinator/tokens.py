@@ -26,9 +26,9 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import db
-from shard import validation
-from shard.errors import InvalidArgument
+from shardq.common import validation
+from shardq.common.errors import InvalidArgument
+from shardq.store import db
 
 ROLES = db.TOKEN_ROLES
 TOKEN_PREFIX = "sq_"

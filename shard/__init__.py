@@ -1,10 +1,18 @@
 """One shard's Redis: key layout, Lua scripts, the typed API over them, and the shard loop."""
 
-from shard.client import ShardClient
-from shard.clock import FakeClock, SystemClock
-from shard.errors import ItemCode
-from shard.keys import Keys
-from shard.models import ClaimedJob, Failure, Lease, Limits, NewJob, ScheduleSpec, ShardSettings
+from shardq.common.clock import FakeClock, SystemClock
+from shardq.shard.client import ShardClient
+from shardq.shard.codes import ItemCode
+from shardq.shard.keys import Keys
+from shardq.shard.models import (
+    ClaimedJob,
+    Failure,
+    Lease,
+    Limits,
+    NewJob,
+    ScheduleSpec,
+    ShardSettings,
+)
 
 __all__ = [
     "ClaimedJob",

@@ -10,11 +10,11 @@ import signal
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
-from shard import config
-from shard.client import ShardClient
-from shard.loop import LoopMetrics, LoopSettings, ShardLoop, default_instance_id
-from shard.models import ShardSettings
-from shard.ops_http import OpsServer
+from shardq.common import config
+from shardq.common.ops_http import OpsServer
+from shardq.shard.client import ShardClient
+from shardq.shard.loop import LoopMetrics, LoopSettings, ShardLoop, default_instance_id
+from shardq.shard.models import ShardSettings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -15,19 +15,20 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from shard import cron, validation
-from shard.clock import Clock, SystemClock
-from shard.errors import (
+from shardq.common import validation
+from shardq.common.clock import Clock, SystemClock
+from shardq.common.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
-    ItemCode,
     NotFound,
     ResourceExhausted,
 )
-from shard.ids import new_job_id
-from shard.keys import Keys
-from shard.models import (
+from shardq.common.ids import new_job_id
+from shardq.shard import cron
+from shardq.shard.codes import ItemCode
+from shardq.shard.keys import Keys
+from shardq.shard.models import (
     ClaimedJob,
     DueTick,
     EnqueueResult,
@@ -43,7 +44,7 @@ from shard.models import (
     TenantCounts,
     TenantLoad,
 )
-from shard.scripts import register_all
+from shardq.shard.scripts import register_all
 
 LISTABLE_STATES = ("scheduled", "ready", "active", "dead")
 _CLAIM_STRIDE = 12

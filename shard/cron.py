@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from shard.errors import InvalidArgument
+from shardq.common.errors import InvalidArgument
 
 
 def check(expr: str, time_zone: str) -> None:

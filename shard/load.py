@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from shard.models import TenantLoad
+from shardq.shard.models import TenantLoad
 
 if TYPE_CHECKING:
-    from shard.client import ShardClient
+    from shardq.shard.client import ShardClient
 
 #: Counter of the counts hash -> the rate computed from it.
 RATES = {"submitted": "submit_per_s", "succeeded": "complete_per_s", "failed": "fail_per_s"}

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
-from shard import cron
-from shard.client import ShardClient
-from shard.errors import NotFound
-from shard.load import LoadSampler, TenantGauges
-from shard.models import DueTick, NewJob
+from shardq.common.errors import NotFound
+from shardq.shard import cron
+from shardq.shard.client import ShardClient
+from shardq.shard.load import LoadSampler, TenantGauges
+from shardq.shard.models import DueTick, NewJob
 
 log = logging.getLogger("shardq.shard")
 

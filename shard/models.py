@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shard.backoff import Backoff
-from shard.errors import ItemCode
+from shardq.shard.backoff import Backoff
+from shardq.shard.codes import ItemCode
 
 
 @dataclass(frozen=True, slots=True)

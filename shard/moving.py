@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shard import cron
-from shard.client import ShardClient
+from shardq.shard import cron
+from shardq.shard.client import ShardClient
 
 #: Finished states: nothing changes such a job any more, so its hash can simply be copied.
 FINISHED = (b"succeeded", b"cancelled")

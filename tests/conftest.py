@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from shard import FakeClock, ShardClient, ShardSettings
-from shard.redis_server import RedisProcess
+from shardq.coordinator.tools.redis_server import RedisProcess
+from shardq.shard import FakeClock, ShardClient, ShardSettings
 from tests.support.postgres import sqlalchemy_url, throwaway_database
 
 

@@ -11,7 +11,7 @@ import sys
 
 import psycopg
 
-from shard.redis_server import RedisBinaryNotFound, find_redis_server
+from shardq.coordinator.tools.redis_server import RedisBinaryNotFound, find_redis_server
 
 
 def main() -> int:

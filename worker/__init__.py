@@ -1,15 +1,15 @@
 """The shardq worker runtime: write handlers, run a worker on them.
 
-from worker import Worker, handler
+from shardq.worker import handler, Context, RetryLater, PermanentFailure
 
 @handler("email.send")
 async def send(ctx, payload: dict) -> dict: ...
 """
 
-from worker.context import Context
-from worker.handlers import HandlerSpec, PermanentFailure, RetryLater, handler
-from worker.runtime import Worker, serve
-from worker.settings import WorkerSettings
+from shardq.worker.context import Context
+from shardq.worker.handlers import HandlerSpec, PermanentFailure, RetryLater, handler
+from shardq.worker.runtime import Worker, serve
+from shardq.worker.settings import WorkerSettings
 
 __all__ = [
     "Context",

@@ -7,13 +7,13 @@ import asyncio
 import logging
 import signal
 
-from shard import config
-from shard.models import ShardSettings
-from shard.ops_http import OpsServer
-from worker import handlers as handler_registry
-from worker.metrics import WorkerMetrics
-from worker.runtime import Worker, serve
-from worker.settings import WorkerSettings, default_worker_id
+from shardq.common import config
+from shardq.common.ops_http import OpsServer
+from shardq.shard.models import ShardSettings
+from shardq.worker import handlers as handler_registry
+from shardq.worker.metrics import WorkerMetrics
+from shardq.worker.runtime import Worker, serve
+from shardq.worker.settings import WorkerSettings, default_worker_id
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shard.models import ClaimedJob
+from shardq.shard.models import ClaimedJob
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Example handlers shipped with shardq (``--handlers worker.examples``), used by ``shardq dev``.
+"""Example handlers shipped with shardq (``--handlers shardq.worker.examples``), which
+``shardq dev`` runs.
 
 - ``echo``: returns its payload.
 - ``sleep``: ``{"ms": N}`` sleeps N ms, then returns ``{"slept_ms": N}``.
@@ -15,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from worker import Context, handler
+from shardq.worker import Context, handler
 
 
 @handler("echo")

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
-from shard.client import ShardClient
-from shard.errors import ItemCode
-from shard.models import Lease
+from shardq.shard.client import ShardClient
+from shardq.shard.codes import ItemCode
+from shardq.shard.models import Lease
 
 log = logging.getLogger("shardq.worker")
 

@@ -26,18 +26,24 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
-from coordinator import db
-from coordinator.app import redis_for
-from shard.client import ShardClient
-from shard.errors import ItemCode
-from shard.models import ClaimedJob, Failure, Lease
-from worker.assignment import follow
-from worker.context import Context, make_context
-from worker.handlers import HandlerSpec, PermanentFailure, RetryLater
-from worker.heartbeat import Heartbeater
-from worker.metrics import WorkerMetrics
-from worker.results import ResultRow, ResultStore, to_json, write_in_session, write_in_sync_session
-from worker.settings import WorkerSettings
+from shardq.common.redis import redis_for
+from shardq.shard.client import ShardClient
+from shardq.shard.codes import ItemCode
+from shardq.shard.models import ClaimedJob, Failure, Lease
+from shardq.store import db
+from shardq.store.results import (
+    ResultRow,
+    ResultStore,
+    to_json,
+    write_in_session,
+    write_in_sync_session,
+)
+from shardq.worker.assignment import follow
+from shardq.worker.context import Context, make_context
+from shardq.worker.handlers import HandlerSpec, PermanentFailure, RetryLater
+from shardq.worker.heartbeat import Heartbeater
+from shardq.worker.metrics import WorkerMetrics
+from shardq.worker.settings import WorkerSettings
 
 log = logging.getLogger("shardq.worker")
 DB_ERRORS = (
@@ -264,8 +270,8 @@ class Worker:
         return runs
 
     async def _start_jobs(self, runs: list[Running]) -> None:
-        jobs = [r.job for r in runs]
-        done = await self._retry_db(lambda: self.results.already_done(jobs))
+        keys = [(r.job.tenant, r.job.request_id) for r in runs]
+        done = await self._retry_db(lambda: self.results.already_done(keys))
         for run in runs:
             if (run.job.tenant, run.job.request_id) in done:
                 # Re-delivered after its row was committed: ack without running it again.
@@ -334,10 +340,17 @@ class Worker:
         return self._sync_sessions
 
     def _row(self, run: Running, status: str, result: Any = None, error: str = "") -> ResultRow:
+        job = run.job
         return ResultRow(
-            job=run.job,
+            tenant_id=job.tenant,
+            request_id=job.request_id,
+            job_id=job.job_id,
             shard_id=run.shard_id,
+            handler=job.handler,
             status=status,
+            attempts=job.attempt,
+            fence=job.fence,
+            queued_ms=job.run_at_ms,
             worker_id=self.settings.worker_id,
             started_ms=run.started_ms,
             finished_ms=now_ms(),

@@ -7,7 +7,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from shard.models import ShardSettings
+from shardq.shard.models import ShardSettings
 
 
 def default_worker_id() -> str:

@@ -34,10 +34,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from coordinator import api
-from coordinator.client import job_spec
-from shard.models import Failure
-from shard.validation import TENANT_ID_RE
+from shardq.client import job_spec
+from shardq.common.validation import TENANT_ID_RE
+from shardq.coordinator import api
+from shardq.shard.models import Failure
 from shardq.v1 import (
     admin_pb2,
     admin_pb2_grpc,

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from redis.asyncio import Redis
 
-from coordinator.client import job_spec
+from shardq.client import job_spec
 from shardq.v1 import common_pb2
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.procs import CuttableProxy, start_worker, wait_until_serving

@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 import pytest
 
-from coordinator import cli
-from coordinator import server as coordinator_server
-from shard import __main__ as shard_main
-from shard.config import env_name
+from shardq.common.config import env_name
+from shardq.coordinator import cli
+from shardq.coordinator import server as coordinator_server
+from shardq.shard import __main__ as shard_main
+from shardq.worker import __main__ as worker_main
 from tests.helm.conftest import VALUES_FILES, Rendered
 from tests.helm.test_chart import pod_specs
-from worker import __main__ as worker_main
 
 Render = Callable[[str], Rendered]
 

@@ -18,8 +18,8 @@ from types import ModuleType
 import pytest
 import redis
 
-from coordinator import cli
-from shard.redis_server import RedisProcess, free_port
+from shardq.coordinator import cli
+from shardq.coordinator.tools.redis_server import RedisProcess, free_port
 from tests.helm.conftest import VALUES_FILES, Doc, Rendered, run_helm, template_args
 from tests.helm.test_chart import (
     FULLNAME,

@@ -1,5 +1,5 @@
 """The ``shardq`` commands for people (submit, get, cancel, watch, jobs, dead, schedules, stats,
-shards map) against a real cluster, run as ``coordinator.cli.main`` in a thread (the client
+shards map) against a real cluster, run as ``shardq.coordinator.cli.main`` in a thread (the client
 is blocking) and once as a subprocess."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from coordinator import cli
-from shard.models import ClaimedJob, Failure, Lease
-from shard.redis_server import free_port
+from shardq.coordinator import cli
+from shardq.coordinator.tools.redis_server import free_port
+from shardq.shard.models import ClaimedJob, Failure, Lease
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.postgres import sqlalchemy_url, throwaway_database
 
@@ -262,7 +262,7 @@ async def test_the_module_runs_as_a_program_with_settings_from_the_environment(
     )
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "coordinator.cli", "get", "NOSUCHJOB"],
+        [sys.executable, "-m", "shardq.coordinator.cli", "get", "NOSUCHJOB"],
         env=env,
         capture_output=True,
         text=True,

@@ -15,12 +15,12 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 from redis.asyncio import Redis
 
-from coordinator.client import AsyncClient, RetryPolicy, job_spec
-from coordinator.placement import slot_of
-from coordinator.server import build_server, parse_args, settings_from
-from coordinator.tokens import Principal
-from shard.errors import Unauthenticated
-from shard.models import Failure, Limits
+from shardq.client import AsyncClient, RetryPolicy, job_spec
+from shardq.common.errors import Unauthenticated
+from shardq.common.placement import slot_of
+from shardq.coordinator.server import build_server, parse_args, settings_from
+from shardq.coordinator.tokens import Principal
+from shardq.shard.models import Failure, Limits
 from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, workers_pb2, workers_pb2_grpc
 from tests.support.cluster import Cluster, running_cluster
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator.client import AsyncClient, RetryPolicy
+from shardq.client import AsyncClient, RetryPolicy
 from tests.support.cluster import running_cluster
 
 

@@ -23,12 +23,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from coordinator.client import AsyncClient, RetryPolicy
-from coordinator.dev import READY_LINE
-from coordinator.migrate import upgrade
-from coordinator.tokens import TokenStore
-from shard.errors import InvalidArgument
-from shard.redis_server import free_port, parent_death_prefix
+from shardq.client import AsyncClient, RetryPolicy
+from shardq.common.errors import InvalidArgument
+from shardq.coordinator.tokens import TokenStore
+from shardq.coordinator.tools.dev import READY_LINE
+from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
+from shardq.store.migrate import upgrade
 from shardq.v1 import common_pb2
 from tests.support.postgres import throwaway_database
 
@@ -220,7 +220,7 @@ def test_dev_runs_every_example_handler_and_ctrl_c_leaves_nothing(tmp_path: Path
         try:
             output = dev.wait_ready()
             _, tenants = printed_tokens(output)
-            assert "submit echo" in output and "from coordinator.client import" in output
+            assert "submit echo" in output and "from shardq import Client" in output
             pids = started_pids(dev, data_dir)
 
             # Alongside: the demo workload with the stored admin token, and a second
@@ -320,7 +320,7 @@ def test_restart_keeps_results_and_runs_what_was_scheduled(tmp_path: Path) -> No
 async def test_a_given_token_is_registered_under_the_id_it_carries(database_url: str) -> None:
     """``shardq dev --token TENANT=TOKEN``: TokenStore.create(token=...) keeps the hashing."""
     await asyncio.to_thread(upgrade, database_url)
-    from coordinator import db  # noqa: PLC0415
+    from shardq.store import db  # noqa: PLC0415
 
     engine = db.make_engine(database_url)
     try:
@@ -340,10 +340,10 @@ def test_configuration_doc_lists_every_flag_and_variable() -> None:
     """docs/configuration.md: one table of every SHARDQ_* variable and flag of every program."""
     import argparse  # noqa: PLC0415
 
-    import coordinator.server  # noqa: PLC0415
-    import shard.__main__  # noqa: PLC0415
-    import worker.__main__  # noqa: PLC0415
-    from coordinator import cli  # noqa: PLC0415
+    import shardq.coordinator.server  # noqa: PLC0415
+    import shardq.shard.__main__  # noqa: PLC0415
+    import shardq.worker.__main__  # noqa: PLC0415
+    from shardq.coordinator import cli  # noqa: PLC0415
 
     parsers: list[argparse.ArgumentParser] = []
     real = argparse.ArgumentParser.parse_args
@@ -354,7 +354,7 @@ def test_configuration_doc_lists_every_flag_and_variable() -> None:
 
     argparse.ArgumentParser.parse_args = capture  # type: ignore[assignment,method-assign]
     try:
-        for mod in (coordinator.server, shard.__main__, worker.__main__):
+        for mod in (shardq.coordinator.server, shardq.shard.__main__, shardq.worker.__main__):
             with pytest.raises(SystemExit):
                 mod.parse_args([])
     finally:

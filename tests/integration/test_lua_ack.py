@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
-from shard.client import digest
+from shardq.shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
+from shardq.shard.client import digest
 from tests.support.state import dump, ttls
 
 NOW = 1_700_000_000_000

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shard import Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
-from shard.client import digest
-from shard.errors import FailedPrecondition, NotFound
+from shardq.common.errors import FailedPrecondition, NotFound
+from shardq.shard import Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
+from shardq.shard.client import digest
 from tests.support.state import dump, ttls
 
 NOW = 1_700_000_000_000

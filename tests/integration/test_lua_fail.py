@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
-from shard.client import digest
-from shard.models import FailResult
+from shardq.shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
+from shardq.shard.client import digest
+from shardq.shard.models import FailResult
 from tests.support.state import dump, ttls
 
 NOW = 1_700_000_000_000

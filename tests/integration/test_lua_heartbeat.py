@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
+from shardq.shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
 from tests.support.state import dump
 
 NOW = 1_700_000_000_000

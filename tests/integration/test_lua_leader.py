@@ -6,7 +6,7 @@ import asyncio
 
 from redis.asyncio import Redis
 
-from shard import ShardClient
+from shardq.shard import ShardClient
 from tests.support.state import dump, ttls
 
 TTL = 10_000

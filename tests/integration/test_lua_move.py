@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shard import Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient, ShardSettings
-from shard.models import ScheduleSpec
-from shard.moving import ShardSide, fence_map
-from shard.redis_server import RedisProcess
+from shardq.coordinator.tools.redis_server import RedisProcess
+from shardq.shard import Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient, ShardSettings
+from shardq.shard.models import ScheduleSpec
+from shardq.shard.moving import ShardSide, fence_map
 from tests.support.state import dump
 
 NOW = 1_700_000_000_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from shard import FakeClock, ItemCode, Lease, NewJob, ShardClient
+from shardq.shard import FakeClock, ItemCode, Lease, NewJob, ShardClient
 from tests.support.state import dump
 
 NOW = 1_700_000_000_000

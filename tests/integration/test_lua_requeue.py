@@ -6,8 +6,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from shard import Failure, FakeClock, NewJob, ShardClient
-from shard.client import digest
+from shardq.shard import Failure, FakeClock, NewJob, ShardClient
+from shardq.shard.client import digest
 from tests.support.state import dump
 
 NOW = 1_700_000_000_000

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shard import FakeClock, ItemCode, NewJob, ScheduleSpec, ShardClient
-from shard.errors import NotFound, ResourceExhausted
-from shard.models import DueTick, Schedule
+from shardq.common.errors import NotFound, ResourceExhausted
+from shardq.shard import FakeClock, ItemCode, NewJob, ScheduleSpec, ShardClient
+from shardq.shard.models import DueTick, Schedule
 from tests.support.state import dump
 
 NOW = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC

@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from coordinator import db
-from coordinator.migrate import current_revision, head_revision, upgrade
+from shardq.store import db
+from shardq.store.migrate import current_revision, head_revision, upgrade
 
 TABLES = {
     "shardq_shards",

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shard import FakeClock, NewJob, ScheduleSpec, ShardClient, ShardSettings, SystemClock
-from shard.loop import LoopSettings, ShardLoop
-from shard.redis_server import RedisProcess, free_port, parent_death_prefix
+from shardq.coordinator.tools.redis_server import RedisProcess, free_port, parent_death_prefix
+from shardq.shard import FakeClock, NewJob, ScheduleSpec, ShardClient, ShardSettings, SystemClock
+from shardq.shard.loop import LoopSettings, ShardLoop
 
 SETTINGS = ShardSettings(key_prefix="sq")
 
@@ -146,7 +146,7 @@ def start_loop_process(redis_url: str, name: str) -> tuple[subprocess.Popen[byte
         "SHARDQ_METRICS_PORT": str(port),
         "SHARDQ_LOG_LEVEL": "WARNING",
     }
-    proc = subprocess.Popen([*parent_death_prefix(), sys.executable, "-m", "shard"], env=env)
+    proc = subprocess.Popen([*parent_death_prefix(), sys.executable, "-m", "shardq.shard"], env=env)
     return proc, port
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shard import (
+from shardq.common.errors import InvalidArgument
+from shardq.shard import (
     ClaimedJob,
     Failure,
     FakeClock,
@@ -22,9 +23,8 @@ from shard import (
     ShardClient,
     ShardSettings,
 )
-from shard.errors import InvalidArgument
-from shard.moving import ShardSide, fence_map
-from shard.scripts import SCRIPT_NAMES
+from shardq.shard.moving import ShardSide, fence_map
+from shardq.shard.scripts import SCRIPT_NAMES
 from tests.support.state import dump
 
 NOW = 1_700_000_000_000

@@ -34,11 +34,11 @@ from hypothesis.stateful import (
 )
 from redis.asyncio import Redis
 
-from shard import FakeClock, ItemCode, Lease, Limits, NewJob, ShardClient, ShardSettings
-from shard.errors import FailedPrecondition, NotFound
-from shard.keys import TERMINAL_STATES
-from shard.models import Failure
-from shard.redis_server import RedisProcess
+from shardq.common.errors import FailedPrecondition, NotFound
+from shardq.coordinator.tools.redis_server import RedisProcess
+from shardq.shard import FakeClock, ItemCode, Lease, Limits, NewJob, ShardClient, ShardSettings
+from shardq.shard.keys import TERMINAL_STATES
+from shardq.shard.models import Failure
 from tests.support.model import COUNTERS, GAUGES, ModelJob, ShardModel, Submit
 
 T = TypeVar("T")

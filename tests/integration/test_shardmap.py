@@ -10,16 +10,17 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from coordinator import cli, db
-from coordinator.migrate import upgrade
-from coordinator.placement import slot_of
-from coordinator.shardmap import (
+from shardq.common.errors import InvalidArgument, NotFound
+from shardq.common.placement import slot_of
+from shardq.coordinator import cli
+from shardq.coordinator.shardmap import (
     MapChangeRefused,
     MapNotInitialized,
     ShardMapFollower,
     ShardMapStore,
 )
-from shard.errors import InvalidArgument, NotFound
+from shardq.store import db
+from shardq.store.migrate import upgrade
 
 THREE = ["10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"]
 FOUR = [*THREE, "10.0.0.4:6379"]

@@ -13,14 +13,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from coordinator.convert import tenant_stats_pb
-from shard import FakeClock, NewJob, ShardClient, ShardSettings
-from shard.__main__ import parse_args
-from shard.errors import InvalidArgument
-from shard.load import LoadSampler, TenantGauges, next_sample
-from shard.loop import LoopMetrics, LoopSettings, ShardLoop
-from shard.models import Failure, Lease, TenantLoad
-from shard.ops_http import OpsServer
+from shardq.common.errors import InvalidArgument
+from shardq.common.ops_http import OpsServer
+from shardq.coordinator.convert import tenant_stats_pb
+from shardq.shard import FakeClock, NewJob, ShardClient, ShardSettings
+from shardq.shard.__main__ import parse_args
+from shardq.shard.load import LoadSampler, TenantGauges, next_sample
+from shardq.shard.loop import LoopMetrics, LoopSettings, ShardLoop
+from shardq.shard.models import Failure, Lease, TenantLoad
 
 SETTINGS = ShardSettings(key_prefix="sq")
 SECOND = 1_000

@@ -23,10 +23,10 @@ import grpc
 import pytest
 from redis.asyncio import Redis
 
-from coordinator import cli
-from coordinator.client import AsyncClient, job_spec
-from coordinator.server import build_server
-from shard.redis_server import free_port, parent_death_prefix
+from shardq.client import AsyncClient, job_spec
+from shardq.coordinator import cli
+from shardq.coordinator.server import build_server
+from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
 from shardq.v1 import common_pb2
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.procs import start_worker, wait_until_serving
@@ -196,7 +196,7 @@ async def test_a_tenant_moves_under_load_and_every_job_ends_with_exactly_one_res
         # Shard loops, workers and the mover in processes of their own, as deployed: in this
         # process they would share one interpreter with the coordinator and the producer.
         loops = [
-            start_process("-m", "shard", "--redis-url", s.url, "--key-prefix", "sq",
+            start_process("-m", "shardq.shard", "--redis-url", s.url, "--key-prefix", "sq",
                           "--shard-id", str(i), "--metrics-port", str(free_port()))
             for i, s in enumerate(cluster.shards)
         ]  # fmt: skip
@@ -330,7 +330,7 @@ async def test_a_mover_killed_half_way_is_run_again_with_the_same_outcome(
 
 
 def start_mover(argv: list[str]) -> subprocess.Popen[bytes]:
-    code = "import sys; from coordinator.cli import main; sys.exit(main())"
+    code = "import sys; from shardq.coordinator.cli import main; sys.exit(main())"
     return start_process("-c", code, *argv)
 
 

@@ -11,10 +11,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import cli, db
-from coordinator.migrate import upgrade
-from coordinator.tokens import TOKEN_RE, Principal, TokenStore, hash_token
-from shard.errors import InvalidArgument
+from shardq.common.errors import InvalidArgument
+from shardq.coordinator import cli
+from shardq.coordinator.tokens import TOKEN_RE, Principal, TokenStore, hash_token
+from shardq.store import db
+from shardq.store.migrate import upgrade
 
 
 class Clock:

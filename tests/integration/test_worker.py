@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import generate_latest
 
-from coordinator.client import job_spec
-from coordinator.db import make_engine
+from shardq.client import job_spec
+from shardq.store.db import make_engine
 from shardq.v1 import common_pb2
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.workers import running_worker, shard_loops, wait_for_rows

@@ -7,7 +7,7 @@ import dataclasses
 
 import grpc
 
-from coordinator.server import build_server
+from shardq.coordinator.server import build_server
 from shardq.v1 import workers_pb2, workers_pb2_grpc
 from tests.support.cluster import running_cluster
 

@@ -13,14 +13,14 @@ import grpc
 from grpc_health.v1 import health
 from sqlalchemy import text
 
-from coordinator.app import Coordinator, CoordinatorSettings
-from coordinator.client import AsyncClient, RetryPolicy
-from coordinator.migrate import upgrade
-from coordinator.server import build_server
-from coordinator.shardmap import ShardMapStore
-from coordinator.tokens import TokenStore
-from shard.models import ShardSettings
-from shard.redis_server import RedisProcess
+from shardq.client import AsyncClient, RetryPolicy
+from shardq.coordinator.app import Coordinator, CoordinatorSettings
+from shardq.coordinator.server import build_server
+from shardq.coordinator.shardmap import ShardMapStore
+from shardq.coordinator.tokens import TokenStore
+from shardq.coordinator.tools.redis_server import RedisProcess
+from shardq.shard.models import ShardSettings
+from shardq.store.migrate import upgrade
 
 
 @dataclass

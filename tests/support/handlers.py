@@ -7,8 +7,8 @@ import os
 import time
 from typing import Any
 
-from worker import Context, PermanentFailure, RetryLater, handler
-from worker import examples as _examples  # noqa: F401 - registers echo, sleep, flaky, ledger.add
+from shardq.worker import Context, PermanentFailure, RetryLater, handler
+from shardq.worker import examples as _examples  # noqa: F401 - registers echo, sleep, flaky, ledger.add
 
 
 @handler("test.work")

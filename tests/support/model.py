@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from shard.client import digest
-from shard.errors import ItemCode
+from shardq.shard.client import digest
+from shardq.shard.codes import ItemCode
 
 GAUGES = ("scheduled", "ready", "active", "dead")
 COUNTERS = ("submitted", "succeeded", "failed")

@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from shard.redis_server import free_port, parent_death_prefix
+from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
 from tests.support.cluster import Cluster
 
 
@@ -66,7 +66,9 @@ def start_worker(
         "SHARDQ_LOG_LEVEL": os.environ.get("SHARDQ_TEST_WORKER_LOG_LEVEL", "WARNING"),
     }
     env.update({f"SHARDQ_{k.upper()}": str(v) for k, v in flags.items()})
-    proc = subprocess.Popen([*parent_death_prefix(), sys.executable, "-m", "worker"], env=env)
+    proc = subprocess.Popen(
+        [*parent_death_prefix(), sys.executable, "-m", "shardq.worker"], env=env
+    )
     return WorkerProcess(name, proc, port)
 
 

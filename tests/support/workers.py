@@ -11,13 +11,13 @@ from typing import Any
 import sqlalchemy as sa
 from redis.asyncio import Redis
 
-from coordinator.db import make_engine, results
-from shard import ShardClient, ShardSettings
-from shard.loop import LoopSettings, ShardLoop
+from shardq.shard import ShardClient, ShardSettings
+from shardq.shard.loop import LoopSettings, ShardLoop
+from shardq.store.db import make_engine, results
+from shardq.worker import Worker, WorkerSettings, serve
+from shardq.worker.handlers import REGISTRY
 from tests.support import handlers as _handlers  # noqa: F401 - registers the test handlers
 from tests.support.cluster import Cluster
-from worker import Worker, WorkerSettings, serve
-from worker.handlers import REGISTRY
 
 FAST_LOOP = LoopSettings(leader_ttl_ms=2_000, reap_interval_ms=100)
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from shard.backoff import Backoff
+from shardq.shard.backoff import Backoff
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from shard import validation
-from shard.ids import new_job_id
+from shardq.common import validation
+from shardq.common.ids import new_job_id
 
 CROCKFORD_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 

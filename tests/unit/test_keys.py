@@ -8,8 +8,8 @@ from importlib import resources
 
 import pytest
 
-from shard.keys import JOB_FIELDS, STATES, TERMINAL_STATES, Keys
-from shard.scripts import SCRIPT_NAMES
+from shardq.shard.keys import JOB_FIELDS, STATES, TERMINAL_STATES, Keys
+from shardq.shard.scripts import SCRIPT_NAMES
 
 #: Lua builder name (``k_<name>`` in _lib.lua) -> the Keys method that spells the same key.
 LUA_TO_PYTHON = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from shard.config import JsonFormatter
+from shardq.common.config import JsonFormatter
 
 
 def record(msg: str, **extra: object) -> logging.LogRecord:

@@ -11,14 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.placement import (
-    DRAINING,
-    SLOT_COUNT,
+from shardq.common.placement import DRAINING, SLOT_COUNT, slot_of
+from shardq.coordinator.placement import (
     ShardInfo,
     ShardMap,
     TenantMove,
     balance_slots,
-    slot_of,
     slot_targets,
 )
 

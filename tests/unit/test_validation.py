@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from shard import validation
-from shard.errors import InvalidArgument
+from shardq.common import validation
+from shardq.common.errors import InvalidArgument
 
 # Characters that would change a Redis key's meaning (separator, cluster hash tag, glob) or
 # that no ID needs (space, control characters).

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from coordinator.placement import SHARD_STATES, SLOT_COUNT
+from shardq.common.placement import SHARD_STATES, SLOT_COUNT
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from coordinator import db
+from shardq.store import db
 
 #: Key of the advisory lock serializing migrations (any fixed 64-bit number; "shardqmg").
 MIGRATION_LOCK_KEY = 0x73686172_64716D67

@@ -18,11 +18,10 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from coordinator.db import results
-from shard.models import ClaimedJob
+from shardq.store.db import results
 
 
 def _ts(ms: int) -> datetime | None:
@@ -31,30 +30,39 @@ def _ts(ms: int) -> datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class ResultRow:
-    job: ClaimedJob
+    """One finished job's row, keyed by (tenant_id, request_id). Times are unix ms (0: none)."""
+
+    tenant_id: str
+    request_id: str
+    job_id: str
     shard_id: int
+    handler: str
     status: str  # succeeded | dead | cancelled
+    #: The attempt that finished the job (1 for a first run).
+    attempts: int
+    #: The fencing token of the lease the row was written under.
+    fence: int
     worker_id: str
+    queued_ms: int
     started_ms: int
     finished_ms: int
     result: Any = None
     error: str | None = None
 
     def values(self) -> dict[str, Any]:
-        j = self.job
         return {
-            "tenant_id": j.tenant,
-            "request_id": j.request_id,
-            "job_id": j.job_id,
+            "tenant_id": self.tenant_id,
+            "request_id": self.request_id,
+            "job_id": self.job_id,
             "shard_id": self.shard_id,
-            "handler": j.handler,
+            "handler": self.handler,
             "status": self.status,
             "result": self.result,
             "error": self.error,
-            "attempts": j.attempt,
-            "fence": j.fence,
+            "attempts": self.attempts,
+            "fence": self.fence,
             "worker_id": self.worker_id,
-            "queued_at": _ts(j.run_at_ms),
+            "queued_at": _ts(self.queued_ms),
             "started_at": _ts(self.started_ms),
             "finished_at": _ts(self.finished_ms),
         }
@@ -120,15 +128,14 @@ def _arrays(rows: Sequence[ResultRow]) -> dict[str, list[Any]]:
     names = ("t", "r", "j", "s", "h", "st", "res", "e", "a", "f", "w", "q", "sa", "fa")
     cols: dict[str, list[Any]] = {k: [] for k in names}
     for row in rows:
-        j = row.job
-        if (j.tenant, j.request_id) in seen:
+        if (row.tenant_id, row.request_id) in seen:
             continue
-        seen.add((j.tenant, j.request_id))
+        seen.add((row.tenant_id, row.request_id))
         values = (
-            j.tenant, j.request_id, j.job_id, row.shard_id, j.handler, row.status,
+            row.tenant_id, row.request_id, row.job_id, row.shard_id, row.handler, row.status,
             # JSON null for None, as SQLAlchemy's JSONB type stores it (none_as_null is off).
-            json.dumps(row.result), row.error, j.attempt, j.fence, row.worker_id,
-            j.run_at_ms, row.started_ms, row.finished_ms,
+            json.dumps(row.result), row.error, row.attempts, row.fence, row.worker_id,
+            row.queued_ms, row.started_ms, row.finished_ms,
         )  # fmt: skip
         for name, value in zip(names, values, strict=True):
             cols[name].append(value)
@@ -191,9 +198,9 @@ class ResultStore:
             return
         await self._writes.execute(_UPSERT_MANY, _arrays(rows))
 
-    async def already_done(self, jobs: Iterable[ClaimedJob]) -> set[tuple[str, str]]:
-        """(tenant, request_id) of these jobs that already have a final (non-dead) row."""
-        keys = list({(j.tenant, j.request_id) for j in jobs})
+    async def already_done(self, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The (tenant_id, request_id) keys among ``keys`` that have a final (non-dead) row."""
+        keys = list(set(keys))
         if not keys:
             return set()
         params = {"t": [t for t, _ in keys], "r": [r for _, r in keys]}
@@ -218,3 +225,16 @@ def write_in_sync_session(session: Session, row: ResultRow) -> None:
 def to_json(value: Any) -> Any:
     """The handler's return value as JSON data (raises TypeError when it cannot be)."""
     return json.loads(json.dumps(value))
+
+
+async def read_result(engine: AsyncEngine, tenant_id: str, request_id: str) -> bytes | None:
+    """The recorded result of a succeeded job, as JSON bytes (None: no row, or no result)."""
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                sa.select(sa.cast(results.c.result, sa.Text)).where(
+                    results.c.tenant_id == tenant_id, results.c.request_id == request_id
+                )
+            )
+        ).first()
+    return row[0].encode() if row and row[0] is not None else None

@@ -1,31 +1,11 @@
 """shardq's errors: one base, one subclass per canonical status code.
 
-:mod:`coordinator` maps each class to its gRPC status code in one place; everything below the
-coordinator raises these and never a gRPC error of its own.
+:mod:`shardq.coordinator.errors` maps each class to its gRPC status code in one place;
+everything below the coordinator raises these and never a gRPC error of its own. The client
+(:mod:`shardq.client`) raises the same classes, so a caller catches one set of errors.
 """
 
 from __future__ import annotations
-
-from enum import IntEnum
-
-
-class ItemCode(IntEnum):
-    """Per-item codes returned by the Lua scripts (``shard/lua/_lib.lua`` spells the same)."""
-
-    OK = 0
-    DEDUPLICATED = 1
-    CONFLICT = 2
-    OVER_QUOTA = 3
-    RATE_LIMITED = 4
-    STALE_LEASE = 5
-    CANCEL_REQUESTED = 6
-    NOT_FOUND = 7
-    ALREADY_TERMINAL = 8
-    CANCELLED = 9
-    #: Submitted with a shard-map version older than the shard's fence: reload and re-route.
-    STALE_MAP = 10
-    #: The job is being copied to another shard (a tenant move): ask again in a moment.
-    MOVING = 11
 
 
 class ShardqError(Exception):

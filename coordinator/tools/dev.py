@@ -9,9 +9,9 @@ environment and a log file under ``<data-dir>/logs``):
   with its data in ``<data-dir>/postgres`` (run as the ``pgserver`` system user under root);
 - the schema (``shardq migrate``), the shard map (``shardq shards sync``) and tokens, kept in
   ``<data-dir>/tokens.json`` so a restart reuses them;
-- one coordinator (``python -m coordinator.server``), one shard loop per shard
+- one coordinator (``python -m shardq.coordinator.server``), one shard loop per shard
   (``python -m shard``) and ``--workers`` workers (``python -m worker``) on the example
-  handlers (``worker.examples``) or ``--handlers``.
+  handlers (``shardq.worker.examples``) or ``--handlers``.
 
 Once every process answers it prints one line starting with ``shardq dev ready``, then how to
 use the cluster, then a live view (or a status line every few seconds with ``--no-live`` or
@@ -44,18 +44,18 @@ from typing import IO, Any
 
 import psycopg
 
-from coordinator import db
-from coordinator.client import AsyncClient, RetryPolicy
-from coordinator.migrate import upgrade
-from coordinator.shardmap import MapNotInitialized, ShardMapStore
-from coordinator.tokens import TokenStore
-from shard import validation
-from shard.errors import InvalidArgument
-from shard.redis_server import RedisProcess, free_port, parent_death_prefix
+from shardq.client import AsyncClient, RetryPolicy
+from shardq.common import validation
+from shardq.common.errors import InvalidArgument
+from shardq.coordinator.shardmap import MapNotInitialized, ShardMapStore
+from shardq.coordinator.tokens import TokenStore
+from shardq.coordinator.tools.redis_server import RedisProcess, free_port, parent_death_prefix
+from shardq.store import db
+from shardq.store.migrate import upgrade
 from shardq.v1 import common_pb2
 
 READY_LINE = "shardq dev ready"
-DEFAULT_HANDLERS = "worker.examples"
+DEFAULT_HANDLERS = "shardq.worker.examples"
 
 
 def default_data_dir() -> Path:
@@ -487,7 +487,7 @@ class DevCluster:
         assert self.tokens is not None
         self.spawn(
             "coordinator",
-            "coordinator.server",
+            "shardq.coordinator.server",
             {
                 **self._common_env(),
                 "SHARDQ_LISTEN": self.target,
@@ -507,7 +507,7 @@ class DevCluster:
                 "SHARDQ_METRICS_PORT": port,
                 "SHARDQ_INSTANCE_ID": f"dev-shard-{i}",
             }
-            self.spawn(f"shard-{i}", "shard", env, port)
+            self.spawn(f"shard-{i}", "shardq.shard", env, port)
 
     def _start_workers(self) -> None:
         assert self.tokens is not None
@@ -524,7 +524,7 @@ class DevCluster:
                 "SHARDQ_DRAIN_GRACE_S": 5,
                 "SHARDQ_METRICS_PORT": port,
             }
-            self.spawn(f"worker-{i}", "worker", env, port)
+            self.spawn(f"worker-{i}", "shardq.worker", env, port)
 
     async def _wait_until_serving(self, timeout_s: float = 60.0) -> None:
         """Until the coordinator answers, every shard loop is up and every worker has shards."""
@@ -642,7 +642,7 @@ def ready_text(cluster: DevCluster) -> str:
         f"  {sq} watch JOB_ID {conn}",
         "",
         "From Python:",
-        "  from coordinator.client import Client",
+        "  from shardq import Client",
         f'  with Client("{cluster.target}", token="{token}") as c:',
         '      job = c.submit("flaky", {"fail_times": 2})',
         "      print(c.wait(job.job_id))",
@@ -812,7 +812,7 @@ async def watch(cluster: DevCluster, stopping: asyncio.Event) -> None:
                 view = stack.enter_context(Live(refresh_per_second=2, transient=False))
                 say = view.console.print
             if args.demo:
-                from coordinator import demo  # noqa: PLC0415
+                from shardq.coordinator.tools import demo  # noqa: PLC0415
 
                 demo_task = asyncio.create_task(
                     demo.run_demo(cluster.target, tokens.admin, say=say)

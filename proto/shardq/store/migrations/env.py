@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from coordinator import db
+from shardq.store import db
 
 config = context.config
 target_metadata = db.metadata

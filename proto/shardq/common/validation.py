@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from shard.errors import InvalidArgument
+from shardq.common.errors import InvalidArgument
 
 TENANT_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")

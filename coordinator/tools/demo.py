@@ -6,7 +6,7 @@ With the admin token it acts for several tenants (``--tenants``) and submits, pe
 writes, a ``flaky`` job that fails twice and then succeeds on its third attempt, a ``fail``
 job that ends in the dead-letter set after 3 attempts, and a recurring schedule
 (``demo-every-minute``, an ``echo`` each minute). It needs the example handlers
-(``worker.examples``), which ``shardq dev`` runs by default.
+(``shardq.worker.examples``), which ``shardq dev`` runs by default.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 import grpc
 
-from coordinator.client import AsyncClient, RetryPolicy, job_spec
-from coordinator.dev import default_data_dir
-from shard.errors import Unauthenticated
+from shardq.client import AsyncClient, RetryPolicy, job_spec
+from shardq.common.errors import Unauthenticated
+from shardq.coordinator.tools.dev import default_data_dir
 from shardq.v1 import common_pb2
 
 DEFAULT_TENANTS = "acme,globex,initech"
@@ -66,7 +66,7 @@ ARGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 
 def workload(scale: int = 1, rng: random.Random | None = None) -> list[common_pb2.JobSpec]:
-    """One tenant's jobs: every handler of worker.examples, priorities, delays, failures."""
+    """One tenant's jobs: every handler of shardq.worker.examples, priorities, delays, failures."""
     rng = rng or random.Random()
     specs = []
     for i in range(20 * scale):
