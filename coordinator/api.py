@@ -1,10 +1,11 @@
-"""The shardq.v1 services. Each RPC authenticates, validates, routes to the tenant's shard
-through the shard API, and turns any error into a status code in ``coordinator.errors``."""
+"""The shardq.v1 services: transport only. Each RPC authenticates (through ``Coordinator``),
+validates and parses the request, calls the tenant router (``coordinator.router``) for anything
+that touches a shard, converts the answer to protobuf (``coordinator.convert``), and turns any
+error into a status code in ``coordinator.errors``."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -14,15 +15,17 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
 from shardq.common import validation
-from shardq.common.errors import AlreadyExists, InvalidArgument, NotFound, ShardqError, Unavailable
+from shardq.common.errors import AlreadyExists, InvalidArgument, NotFound, ShardqError
 from shardq.common.ids import new_job_id
 from shardq.coordinator import convert
 from shardq.coordinator.app import Coordinator
 from shardq.coordinator.assignment import assign
 from shardq.coordinator.errors import Ctx, abort, item_code, shorten, translate
-from shardq.shard.client import ShardClient, raise_for_enqueue
+from shardq.coordinator.router import PlacedJob, Submitted, page_offset
+from shardq.shard.client import raise_for_enqueue
 from shardq.shard.codes import ItemCode
-from shardq.shard.models import EnqueueResult, JobRecord
+from shardq.shard.models import NewJob
+from shardq.shard.records import EnqueueResult, JobState
 from shardq.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -36,12 +39,6 @@ from shardq.v1 import (
     workers_pb2,
     workers_pb2_grpc,
 )
-
-#: A submitted job: its ``ShardClient.prepare`` fields, the shard's answer, and the shard.
-Enqueued = tuple[list[Any], EnqueueResult, int]
-
-#: Times a submit is routed again after a shard refused the map it was routed with.
-MAX_REROUTES = 5
 
 #: Most bytes of jobs or schedules in one page of a listing: under the 4 MiB a gRPC client
 #: accepts by default (a page of 100 jobs of 1 MiB payloads would be refused by the client).
@@ -155,109 +152,49 @@ def streaming(
 class JobService(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, coord: Coordinator) -> None:
         self.c = coord
+        self.router = coord.router
 
-    def _new_job(self, tenant: str, spec: common_pb2.JobSpec) -> Any:
+    def _new_job(self, tenant: str, spec: common_pb2.JobSpec) -> NewJob | ShardqError:
+        """The spec as a job for the router, or why it is not a valid one."""
         request_id = spec.request_id or f"gen-{new_job_id()}"
-        return convert.new_job(
-            tenant,
-            spec,
-            request_id,
-            self.c.limits_for(tenant),
-            self.c.settings.shard.max_payload_bytes,
-        )
+        try:
+            return convert.new_job(
+                tenant,
+                spec,
+                request_id,
+                self.c.limits_for(tenant),
+                self.c.settings.shard.max_payload_bytes,
+            )
+        except ShardqError as exc:
+            return exc
 
-    async def _enqueue(
+    async def _submit(
         self, tenant: str, specs: list[common_pb2.JobSpec], coalesce: bool
-    ) -> list[Enqueued | ShardqError]:
-        """Submit ``specs`` to the tenant's shard: per spec, (its prepared fields, result,
-        shard) or the error of a spec that is not a valid job. Jobs a shard refuses as routed
-        with an old map (a move started) are routed again once this replica has caught up."""
-        out: list[Enqueued | ShardqError | None] = [None] * len(specs)
-        pending = list(range(len(specs)))
-        for _ in range(MAX_REROUTES):
-            smap = self.c.shard_map
-            shard_id, client, coalescer = self.c.route(tenant)
-            now = client.clock.now_ms()
-            prepared: list[list[Any]] = []
-            positions: list[int] = []
-            for i in pending:
+    ) -> list[Submitted | ShardqError]:
+        """Per spec, what it became or its error, fields named as the request spells them."""
+        jobs = [self._new_job(tenant, spec) for spec in specs]
+        outcomes = await self.router.submit(tenant, jobs, coalesce=coalesce)
+        return [_wire_error(o) if isinstance(o, ShardqError) else o for o in outcomes]
 
-                def prepare(
-                    spec: common_pb2.JobSpec = specs[i],
-                    client: ShardClient = client,
-                    now: int = now,
-                ) -> list[Any]:
-                    return client.prepare(self._new_job(tenant, spec), now)
-
-                try:
-                    prepared.append(_prefixed(prepare))
-                    positions.append(i)
-                except ShardqError as exc:
-                    out[i] = exc
-            known = await self.c.moved_duplicates(tenant, prepared)
-            fresh = [k for k, res in enumerate(known) if res is None]
-            batch = [prepared[k] for k in fresh]
-            results: list[EnqueueResult]
-            if not batch:
-                results = []
-            elif coalesce and len(batch) == 1:
-                results = [await coalescer.submit(batch[0], smap.version)]
-            else:
-                results = await client.enqueue_prepared(batch, now, smap.version)
-            for k, fresh_res in zip(fresh, results, strict=True):
-                known[k] = fresh_res
-            pending, needed = [], 0
-            for i, fields, res in zip(positions, prepared, known, strict=True):
-                assert res is not None
-                if res.code is ItemCode.STALE_MAP:
-                    pending.append(i)
-                    needed = max(needed, res.retry_after_ms)
-                else:
-                    out[i] = (fields, res, shard_id)
-            if not pending:
-                return [o for o in out if o is not None]
-            await self.c.catch_up(needed)
-        raise Unavailable("the shard map kept changing under this submit; retry")
-
-    async def _job_pb(self, shard_id: int, rec: JobRecord) -> common_pb2.Job:
-        result = None
-        if rec.state == "succeeded":
+    async def _job_pb(self, placed: PlacedJob) -> common_pb2.Job:
+        rec, result = placed.record, None
+        if rec.state is JobState.SUCCEEDED:
             result = await self.c.result_of(rec.tenant, rec.request_id)
-        return convert.job_to_pb(rec, shard_id, result)
+        return convert.job_to_pb(rec, placed.shard_id, result)
 
     async def _page(
-        self, tenant: str, state: str, page_size: int, page_token: str
+        self, tenant: str, state: JobState, page_size: int, page_token: str
     ) -> tuple[list[common_pb2.Job], str]:
-        """One page of jobs that fits in MAX_PAGE_BYTES: asked again with fewer jobs while
-        it does not, so the page token the shard gives is the right one for what is sent.
-
-        While the tenant moves, the listing walks the target, then the source: the token is
-        then ``m<side>.<the shard's token>``."""
-        sides = list(reversed(self.c.sides(tenant)))
-        side, inner = 0, page_token
-        if page_token.startswith("m"):
-            head, _, inner = page_token[1:].partition(".")
-            side = _offset(head) if head else -1
-            if side not in (0, 1):
-                raise InvalidArgument("not a token from this listing", field="page_token")
-        if side >= len(sides):
-            return [], ""  # the move ended while paging: the target's part was listed
-        shard_id, client = sides[side]
-        size = convert.page_size(page_size)
-        while True:
-            page = await client.list_jobs(tenant, state, size, inner)
-            jobs = [convert.job_to_pb(r, shard_id) for r in page.jobs]
-            total = sum(j.ByteSize() for j in jobs)
-            if total <= MAX_PAGE_BYTES or size == 1:
-                break
-            size = max(1, min(size - 1, size * MAX_PAGE_BYTES // total))
-        token = page.next_page_token
-        if len(sides) > 1 or page_token.startswith("m"):
-            if token:
-                token = f"m{side}.{token}"
-            elif side + 1 < len(sides):
-                token = f"m{side + 1}."
-        return jobs, token
+        """One page of jobs that fits in MAX_PAGE_BYTES (see ``TenantRouter.list_jobs``)."""
+        return await self.router.list_jobs(
+            tenant,
+            state,
+            convert.page_size(page_size),
+            page_token,
+            convert.job_to_pb,
+            _byte_size,
+            MAX_PAGE_BYTES,
+        )
 
     @unary
     async def SubmitJob(
@@ -266,17 +203,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         tenant = await self.c.tenant_of(context, request.tenant_id)
         if not request.HasField("job"):
             raise InvalidArgument("required", field="job")
-        (outcome,) = await self._enqueue(tenant, [request.job], coalesce=True)
+        (outcome,) = await self._submit(tenant, [request.job], coalesce=True)
         if isinstance(outcome, ShardqError):
             raise outcome
-        fields, res, shard_id = outcome
-        raise_for_enqueue(res)
-        if res.code is ItemCode.OK:  # just made from these fields: no need to read it back
-            rec = convert.record_of_new_job(fields, res)
-        else:
-            shard_id, _, rec = await self.c.find_job(tenant, res.job_id)
+        raise_for_enqueue(outcome.result)
+        placed = await self.router.submitted_job(tenant, outcome)
         return jobs_pb2.SubmitJobResponse(
-            job=convert.job_to_pb(rec, shard_id), deduplicated=res.deduplicated
+            job=convert.job_to_pb(placed.record, placed.shard_id),
+            deduplicated=outcome.result.deduplicated,
         )
 
     @unary
@@ -289,10 +223,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument(
                 f"{len(request.jobs)} jobs is over the {limit} limit", field="jobs"
             )
-        outcomes = await self._enqueue(tenant, list(request.jobs), coalesce=False)
+        outcomes = await self._submit(tenant, list(request.jobs), coalesce=False)
         return jobs_pb2.SubmitJobsResponse(
             items=[
-                _item_error(i, o) if isinstance(o, ShardqError) else _item(i, o[0][2], o[1])
+                _item_error(i, o)
+                if isinstance(o, ShardqError)
+                else _item(i, o.job.request_id, o.result)
                 for i, o in enumerate(outcomes)
             ]
         )
@@ -300,27 +236,15 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     @unary
     async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Ctx) -> common_pb2.Job:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        shard_id, _, rec = await self.c.find_job(tenant, _job_id(request.job_id))
-        return await self._job_pb(shard_id, rec)
+        return await self._job_pb(await self.router.find_job(tenant, _job_id(request.job_id)))
 
     @unary
     async def CancelJob(
         self, request: jobs_pb2.CancelJobRequest, context: Ctx
     ) -> jobs_pb2.CancelJobResponse:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        job_id = _job_id(request.job_id)
-        for _ in range(MAX_REROUTES * 10):
-            shard_id, client, rec = await self.c.find_job(tenant, job_id)
-            if rec.state == "cancelled":
-                break
-            code, _ = await client.cancel(tenant, job_id)
-            if code is not ItemCode.MOVING:
-                rec = await client.get_job(tenant, job_id)
-                break
-            await asyncio.sleep(0.05)  # being copied to the move's target: ask again there
-        else:
-            raise Unavailable("the job's tenant is being moved to another shard; retry")
-        return jobs_pb2.CancelJobResponse(job=convert.job_to_pb(rec, shard_id))
+        placed = await self.router.cancel(tenant, _job_id(request.job_id))
+        return jobs_pb2.CancelJobResponse(job=convert.job_to_pb(placed.record, placed.shard_id))
 
     @unary
     async def ListJobs(
@@ -330,7 +254,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         state = convert.PB_TO_STATE.get(request.state)
         if state is None:
             raise InvalidArgument("a job state is required", field="state")
-        if state in ("succeeded", "cancelled"):
+        if state in (JobState.SUCCEEDED, JobState.CANCELLED):
             raise InvalidArgument(
                 f"{state} jobs are not listed by state; use GetJob", field="state"
             )
@@ -347,12 +271,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         delay = 0.02
         while True:
             try:
-                shard_id, _, rec = await self.c.find_job(tenant, job_id)
+                placed = await self.router.find_job(tenant, job_id)
             except NotFound:
                 if last is None:
                     raise
                 return  # expired after its retention period: nothing more will change
-            job = await self._job_pb(shard_id, rec)
+            job = await self._job_pb(placed)
             if last is None or _changed(last, job):
                 yield job
                 last = job
@@ -367,7 +291,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.ListDeadJobsRequest, context: Ctx
     ) -> jobs_pb2.ListDeadJobsResponse:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        jobs, token = await self._page(tenant, "dead", request.page_size, request.page_token)
+        jobs, token = await self._page(tenant, JobState.DEAD, request.page_size, request.page_token)
         return jobs_pb2.ListDeadJobsResponse(jobs=jobs, next_page_token=token)
 
     @unary
@@ -382,27 +306,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument(f"more than {limit} IDs", field="job_ids")
         for jid in request.job_ids:
             _job_id(jid, "job_ids")
-        total, missing = 0, list(request.job_ids)
-        for _, client in self.c.sides(tenant):  # during a move, dead jobs may be on both
-            if not request.all:
-                if missing:
-                    n, missing = await client.requeue_dead(tenant, missing)
-                    total += n
-                continue
-            while True:
-                page = await client.list_jobs(tenant, "dead", 500)
-                if not page.jobs:
-                    break
-                n, _ = await client.requeue_dead(tenant, [j.job_id for j in page.jobs])
-                total += n
-        return jobs_pb2.RequeueDeadJobsResponse(
-            requeued_count=total, not_found_job_ids=[] if request.all else missing
+        total, missing = await self.router.requeue_dead(
+            tenant, list(request.job_ids), every=request.all
         )
+        return jobs_pb2.RequeueDeadJobsResponse(requeued_count=total, not_found_job_ids=missing)
 
 
 class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
     def __init__(self, coord: Coordinator) -> None:
         self.c = coord
+        self.router = coord.router
 
     @unary
     async def CreateSchedule(
@@ -412,25 +325,8 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         if not request.HasField("schedule"):
             raise InvalidArgument("required", field="schedule")
         spec = convert.schedule_spec(request.schedule, self.c.settings.shard.max_payload_bytes)
-        _, client, _ = self.c.route(tenant)
-        existing = await client.get_schedule(tenant, spec.schedule_id)
-        if existing is not None:
-            if not convert.same_schedule(existing, spec):
-                raise AlreadyExists("another schedule has this ID", field="schedule.schedule_id")
-            current = next(
-                (
-                    s
-                    for s in await client.list_schedules(tenant)
-                    if s.spec.schedule_id == spec.schedule_id
-                ),
-                None,
-            )
-            if current is not None:  # else deleted meanwhile: create it again below
-                return schedules_pb2.CreateScheduleResponse(
-                    schedule=convert.schedule_to_pb(current)
-                )
         created = await _prefixed_async(
-            client.upsert_schedule(tenant, spec, self.c.settings.max_schedules_per_tenant),
+            self.router.create_schedule(tenant, spec, self.c.settings.max_schedules_per_tenant),
             "schedule.",
         )
         return schedules_pb2.CreateScheduleResponse(schedule=convert.schedule_to_pb(created))
@@ -441,11 +337,8 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
     ) -> schedules_pb2.ListSchedulesResponse:
         tenant = await self.c.tenant_of(context, request.tenant_id)
         size = convert.page_size(request.page_size)
-        offset = _offset(request.page_token)
-        by_id = {}
-        for _, client in self.c.sides(tenant):  # the target last: its copy wins
-            by_id.update({s.spec.schedule_id: s for s in await client.list_schedules(tenant)})
-        schedules = [by_id[k] for k in sorted(by_id)]
+        offset = page_offset(request.page_token)
+        schedules = await self.router.list_schedules(tenant)
         page = _fit([convert.schedule_to_pb(s) for s in schedules[offset : offset + size]])
         end = offset + len(page)
         return schedules_pb2.ListSchedulesResponse(
@@ -457,15 +350,7 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         self, request: schedules_pb2.DeleteScheduleRequest, context: Ctx
     ) -> schedules_pb2.DeleteScheduleResponse:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        deleted = False
-        for _, client in self.c.sides(tenant):  # during a move it may be on either side
-            try:
-                await client.delete_schedule(tenant, request.schedule_id)
-                deleted = True
-            except NotFound:
-                continue
-        if not deleted:
-            raise NotFound(f"no schedule {request.schedule_id}", field="schedule_id")
+        await self.router.delete_schedule(tenant, request.schedule_id)
         return schedules_pb2.DeleteScheduleResponse()
 
 
@@ -478,20 +363,7 @@ class TenantService(tenants_pb2_grpc.TenantServiceServicer):
         self, request: tenants_pb2.GetTenantStatsRequest, context: Ctx
     ) -> common_pb2.TenantStats:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        shard_id, _, _ = self.c.route(tenant)
-        # During a move, the sum of both sides.
-        parts = [await client.tenant_load(tenant) for _, client in self.c.sides(tenant)]
-        load = parts[0]
-        for more in parts[1:]:
-            load = dataclasses.replace(
-                load,
-                **{
-                    f.name: getattr(load, f.name) + getattr(more, f.name)
-                    for f in dataclasses.fields(load)
-                    if f.name not in ("tenant", "at_ms")
-                },
-                at_ms=max(load.at_ms, more.at_ms),
-            )
+        shard_id, load = await self.c.router.tenant_load(tenant)
         return convert.tenant_stats_pb(tenant, shard_id, load)
 
 
@@ -540,21 +412,14 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.ListTenantStatsRequest, context: Ctx
     ) -> admin_pb2.ListTenantStatsResponse:
         await self.c.require_role(context, "admin")
-        shards = self.c.pool.all()
-        if request.HasField("shard_id"):
-            if request.shard_id not in shards:
-                raise NotFound(f"no shard {request.shard_id}", field="shard_id")
-            shards = {request.shard_id: shards[request.shard_id]}
-        offset = _offset(request.page_token)
-        pairs = [(sid, t) for sid in sorted(shards) for t in await shards[sid].tenants()]
-        size = convert.page_size(request.page_size)
-        page = pairs[offset : offset + size]
-        stats = [
-            convert.tenant_stats_pb(t, sid, await shards[sid].tenant_load(t)) for sid, t in page
-        ]
+        page, token = await self.c.router.tenant_loads(
+            request.shard_id if request.HasField("shard_id") else None,
+            convert.page_size(request.page_size),
+            request.page_token,
+        )
         return admin_pb2.ListTenantStatsResponse(
-            tenants=stats,
-            next_page_token=str(offset + size) if offset + size < len(pairs) else "",
+            tenants=[convert.tenant_stats_pb(load.tenant, sid, load) for sid, load in page],
+            next_page_token=token,
         )
 
 
@@ -623,15 +488,6 @@ def _job_id(value: str, field: str = "job_id") -> str:
     return validation.job_id(value, field)
 
 
-def _offset(token: str) -> int:
-    if not token:
-        return 0
-    # isascii: str.isdigit() is also true of "²" and other digits int() refuses.
-    if not (token.isascii() and token.isdigit()) or len(token) > 9:
-        raise InvalidArgument("not a token from this listing", field="page_token")
-    return int(token)
-
-
 T = TypeVar("T")
 
 
@@ -648,27 +504,36 @@ def _fit(items: list[M]) -> list[M]:
     return items
 
 
+def _byte_size(message: Message) -> int:
+    return message.ByteSize()
+
+
 #: Shard-API argument names that the wire spells differently.
 _WIRE_NAMES = {"run_at_ms": "run_at_unix_ms"}
 
 
-def _prefixed(fn: Callable[[], T], prefix: str = "job.") -> T:
-    """Run a check and name the offending field as the request spells it (``job.priority``)."""
-    try:
-        return fn()
-    except InvalidArgument as exc:
-        if exc.field and not exc.field.startswith(prefix) and "." not in exc.field:
-            name = _WIRE_NAMES.get(exc.field, exc.field)
-            raise InvalidArgument(exc.message, field=prefix + name) from exc
-        raise
+def _wire_error(exc: ShardqError, prefix: str = "job.") -> ShardqError:
+    """A job's error with its field named as the request spells it (``job.priority``)."""
+    if (
+        isinstance(exc, InvalidArgument)
+        and exc.field
+        and not exc.field.startswith(prefix)
+        and "." not in exc.field
+    ):
+        name = _WIRE_NAMES.get(exc.field, exc.field)
+        renamed = InvalidArgument(exc.message, field=prefix + name)
+        renamed.__cause__ = exc
+        return renamed
+    return exc
 
 
 async def _prefixed_async(aw: Awaitable[T], prefix: str) -> T:
+    """Await ``aw``, naming the field of a refusal as the request spells it (``schedule.``)."""
     try:
         return await aw
-    except InvalidArgument as exc:
+    except (InvalidArgument, AlreadyExists) as exc:
         if exc.field and "." not in exc.field:
-            raise InvalidArgument(exc.message, field=prefix + exc.field) from exc
+            raise type(exc)(exc.message, field=prefix + exc.field) from exc
         raise
 
 

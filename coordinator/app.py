@@ -1,4 +1,5 @@
-"""The coordinator's state: settings, the shard map it follows, a client per shard, auth.
+"""The coordinator's state: settings, the shard map it follows, a client per shard and the
+tenant router over them (:mod:`coordinator.router`), auth.
 
 Stateless in the sense that matters: everything durable is in Postgres (shard map, tokens,
 results) or the shards' Redis; any number of replicas give the same answers.
@@ -6,34 +7,24 @@ results) or the shards' Redis; any number of replicas give the same answers.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shardq.common import validation
-from shardq.common.errors import (
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    Unauthenticated,
-    Unavailable,
-)
-from shardq.common.redis import redis_for
-from shardq.coordinator.coalesce import Coalescer
+from shardq.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from shardq.coordinator.errors import Ctx
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.registry import WorkerRegistry
+from shardq.coordinator.router import ShardPool, TenantRouter
 from shardq.coordinator.shardmap import ShardMapFollower, ShardMapStore
 from shardq.coordinator.tokens import Principal, TokenStore
-from shardq.shard.client import ShardClient
-from shardq.shard.codes import ItemCode
-from shardq.shard.models import EnqueueResult, JobRecord, Limits, ShardSettings
+from shardq.shard.models import Limits, ShardSettings
 from shardq.store import db
 from shardq.store.results import read_result
 
@@ -89,44 +80,6 @@ def parse_tenant_limits(raw: str) -> dict[str, Limits]:
     return out
 
 
-class ShardPool:
-    """One ShardClient (and submit coalescer) per shard of the current map."""
-
-    def __init__(self, settings: CoordinatorSettings) -> None:
-        self.settings = settings
-        self._clients: dict[int, tuple[str, ShardClient, Coalescer]] = {}
-
-    def update(self, smap: ShardMap) -> None:
-        for shard_id, info in smap.shards.items():
-            current = self._clients.get(shard_id)
-            if current is None or current[0] != info.address:
-                client = ShardClient(
-                    redis_for(info.address, self.settings.redis_password), self.settings.shard
-                )
-                self._clients[shard_id] = (info.address, client, Coalescer(client))
-                if current is not None:
-                    asyncio.get_running_loop().create_task(_close(current[1], current[2]))
-
-    def get(self, shard_id: int) -> tuple[ShardClient, Coalescer]:
-        try:
-            _, client, coalescer = self._clients[shard_id]
-        except KeyError:
-            raise Unavailable(f"shard {shard_id} is not in the shard map") from None
-        return client, coalescer
-
-    def all(self) -> dict[int, ShardClient]:
-        return {sid: c for sid, (_, c, _) in self._clients.items()}
-
-    async def close(self) -> None:
-        await asyncio.gather(*(_close(c, co) for _, c, co in self._clients.values()))
-        self._clients.clear()
-
-
-async def _close(client: ShardClient, coalescer: Coalescer) -> None:
-    await coalescer.close()
-    await client.redis.aclose()
-
-
 def bearer_token(metadata: Any) -> str | None:
     for key, value in metadata or ():
         if key == "authorization":
@@ -144,7 +97,9 @@ class Coordinator:
             self.store, db.psycopg_dsn(settings.database_url), settings.map_poll_interval_s
         )
         self.tokens = TokenStore(self.engine)
-        self.pool = ShardPool(settings)
+        self.pool = ShardPool(settings.redis_password, settings.shard)
+        #: Where each tenant's work goes (both sides of a move); the services' way to shards.
+        self.router = TenantRouter(self.pool, self.follower)
         self.registry = WorkerRegistry(
             self.engine, settings.worker_ttl_s, settings.worker_refresh_s
         )
@@ -164,65 +119,6 @@ class Coordinator:
     @property
     def shard_map(self) -> ShardMap:
         return self.follower.current
-
-    def route(self, tenant: str) -> tuple[int, ShardClient, Coalescer]:
-        shard_id = self.shard_map.shard_for(tenant)
-        client, coalescer = self.pool.get(shard_id)
-        return shard_id, client, coalescer
-
-    def sides(self, tenant: str) -> list[tuple[int, ShardClient]]:
-        """Every shard that may hold ``tenant``'s jobs: while it moves, the source first and
-        the target (where ``route`` sends new work) last; otherwise just the one."""
-        return [(sid, self.pool.get(sid)[0]) for sid in reversed(self.shard_map.shards_for(tenant))]
-
-    async def find_job(self, tenant: str, job_id: str) -> tuple[int, ShardClient, JobRecord]:
-        """The job wherever it is during a move. The source is read first: the mover deletes
-        there only after the target has the job, so a job missed on the source is on the
-        target. When both have it (copied, not yet deleted) the target's is the live one."""
-        found: tuple[int, ShardClient, JobRecord] | None = None
-        for shard_id, client in self.sides(tenant):
-            try:
-                found = (shard_id, client, await client.get_job(tenant, job_id))
-            except NotFound:
-                continue
-        if found is None:
-            raise NotFound(f"no job {job_id}", field="job_id")
-        return found
-
-    async def catch_up(self, version: int, timeout_s: float = 3.0) -> None:
-        """Wait until this replica follows map ``version`` (a shard refused an older one)."""
-        try:
-            await self.follower.refresh()
-            await self.follower.wait_for_version(version, timeout_s)
-        except TimeoutError:
-            raise Unavailable(f"the shard map is changing (version {version}); retry") from None
-
-    async def moved_duplicates(
-        self, tenant: str, prepared: Sequence[list[Any]]
-    ) -> list[EnqueueResult | None]:
-        """For a moving tenant: the answer for each prepared job whose request_id the move's
-        source still knows (its dedupe key is not copied yet), else None. Submits go to the
-        target, whose own dedupe covers every key already copied; no job is made twice."""
-        move = self.shard_map.moves.get(tenant)
-        if move is None or not prepared:
-            return [None] * len(prepared)
-        source = self.pool.get(move.from_shard_id)[0]
-        r: Any = source.redis
-        # prepare()'s fields: 2 is the request_id, 9 the digest of handler and payload.
-        seen = await r.mget([source.keys.dedupe(tenant, f[2]) for f in prepared])
-        out: list[EnqueueResult | None] = []
-        for fields, value in zip(prepared, seen, strict=True):
-            if value is None:
-                out.append(None)
-                continue
-            job_id, _, digest = value.decode().partition(" ")
-            code = ItemCode.DEDUPLICATED if digest == fields[9] else ItemCode.CONFLICT
-            try:
-                state = (await self.find_job(tenant, job_id))[2].state
-            except NotFound:
-                state = ""
-            out.append(EnqueueResult(code, job_id, state, 0))
-        return out
 
     def limits_for(self, tenant: str) -> Limits:
         return self.settings.tenant_limits.get(tenant, self.settings.default_limits)

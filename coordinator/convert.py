@@ -9,24 +9,17 @@ from typing import Any
 from shardq.common import validation
 from shardq.common.errors import InvalidArgument
 from shardq.shard import cron
-from shardq.shard.models import (
-    EnqueueResult,
-    JobRecord,
-    Limits,
-    NewJob,
-    Schedule,
-    ScheduleSpec,
-    TenantLoad,
-)
+from shardq.shard.models import Limits, NewJob, Schedule, ScheduleSpec, TenantLoad
+from shardq.shard.records import JobRecord, JobState
 from shardq.v1 import common_pb2, schedules_pb2
 
-STATE_TO_PB = {
-    "scheduled": common_pb2.JOB_STATE_SCHEDULED,
-    "ready": common_pb2.JOB_STATE_READY,
-    "active": common_pb2.JOB_STATE_ACTIVE,
-    "succeeded": common_pb2.JOB_STATE_SUCCEEDED,
-    "dead": common_pb2.JOB_STATE_DEAD,
-    "cancelled": common_pb2.JOB_STATE_CANCELLED,
+STATE_TO_PB: dict[JobState, common_pb2.JobState.ValueType] = {
+    JobState.SCHEDULED: common_pb2.JOB_STATE_SCHEDULED,
+    JobState.READY: common_pb2.JOB_STATE_READY,
+    JobState.ACTIVE: common_pb2.JOB_STATE_ACTIVE,
+    JobState.SUCCEEDED: common_pb2.JOB_STATE_SUCCEEDED,
+    JobState.DEAD: common_pb2.JOB_STATE_DEAD,
+    JobState.CANCELLED: common_pb2.JOB_STATE_CANCELLED,
 }
 PB_TO_STATE = {v: k for k, v in STATE_TO_PB.items()}
 TERMINAL_PB = frozenset(
@@ -126,19 +119,6 @@ def new_job(
     )
 
 
-def record_of_new_job(fields: list[Any], res: EnqueueResult) -> JobRecord:
-    """The record of a job enqueue just created, from its ``ShardClient.prepare`` fields: what
-    GetJob would read back, without reading it."""
-    tenant, _, request_id, handler, payload, priority, run_at, max_attempts, timeout = fields[:9]
-    return JobRecord(
-        job_id=res.job_id, tenant=tenant, request_id=request_id, handler=handler,
-        payload=payload, priority=int(priority), state=res.state, run_at_ms=int(run_at),
-        created_at_ms=res.created_at_ms, attempts=0, max_attempts=int(max_attempts),
-        timeout_ms=int(timeout), fence=0, worker_id="", started_at_ms=0, finished_at_ms=0,
-        last_error="", cancel_requested=False,
-    )  # fmt: skip
-
-
 def job_to_pb(rec: JobRecord, shard_id: int, result: bytes | None = None) -> common_pb2.Job:
     return common_pb2.Job(
         job_id=rec.job_id,
@@ -222,14 +202,6 @@ def schedule_to_pb(s: Schedule) -> schedules_pb2.Schedule:
         next_run_at_unix_ms=s.next_tick_ms,
         created_at_unix_ms=sp.created_at_ms,
     )
-
-
-def same_schedule(a: ScheduleSpec, b: ScheduleSpec) -> bool:
-    """Equal definitions (creation time aside): creating it again is a no-op."""
-    fields: tuple[str, ...] = (
-        "cron", "handler", "payload", "time_zone", "priority", "max_attempts", "timeout_ms",
-    )  # fmt: skip
-    return all(getattr(a, f) == getattr(b, f) for f in fields)
 
 
 def page_size(requested: int, default: int = 100, maximum: int = 1000) -> int:

@@ -31,6 +31,7 @@ from shardq.coordinator.shardmap import ShardMapStore
 from shardq.shard.client import ShardClient
 from shardq.shard.models import ShardSettings
 from shardq.shard.moving import ShardSide, fence_map
+from shardq.shard.records import FINISHED_STATES
 
 log = logging.getLogger("shardq.coordinator.mover")
 
@@ -183,7 +184,7 @@ class Mover:
             chunk = keys[i : i + self.batch]
             jobs = {j.job_id: j for j in await src.read_jobs([d.job_id for d in chunk])}
             ready = [d for d in chunk if d.job_id not in jobs or jobs[d.job_id].state in
-                     (b"succeeded", b"cancelled")]  # fmt: skip
+                     FINISHED_STATES]  # fmt: skip
             finished = [jobs[d.job_id] for d in ready if d.job_id in jobs]
             added_jobs, added_keys, _ = await dst.put(jobs=finished, dedupe=ready)
             await src.drop(job_ids=[j.job_id for j in finished], dedupe=ready)

@@ -4,21 +4,16 @@ from shardq.common.clock import FakeClock, SystemClock
 from shardq.shard.client import ShardClient
 from shardq.shard.codes import ItemCode
 from shardq.shard.keys import Keys
-from shardq.shard.models import (
-    ClaimedJob,
-    Failure,
-    Lease,
-    Limits,
-    NewJob,
-    ScheduleSpec,
-    ShardSettings,
-)
+from shardq.shard.models import Failure, Lease, Limits, NewJob, ScheduleSpec, ShardSettings
+from shardq.shard.records import ClaimedJob, JobRecord, JobState
 
 __all__ = [
     "ClaimedJob",
     "Failure",
     "FakeClock",
     "ItemCode",
+    "JobRecord",
+    "JobState",
     "Keys",
     "Lease",
     "Limits",

@@ -29,13 +29,9 @@ from shardq.shard import cron
 from shardq.shard.codes import ItemCode
 from shardq.shard.keys import Keys
 from shardq.shard.models import (
-    ClaimedJob,
     DueTick,
-    EnqueueResult,
-    FailResult,
     Failure,
     JobPage,
-    JobRecord,
     Lease,
     NewJob,
     Schedule,
@@ -44,10 +40,19 @@ from shardq.shard.models import (
     TenantCounts,
     TenantLoad,
 )
+from shardq.shard.records import (
+    ClaimedJob,
+    DedupeEntry,
+    EnqueueResult,
+    FailResult,
+    JobRecord,
+    JobState,
+    PreparedJob,
+)
 from shardq.shard.scripts import register_all
 
-LISTABLE_STATES = ("scheduled", "ready", "active", "dead")
-_CLAIM_STRIDE = 12
+#: The states ``list_jobs`` lists (finished jobs are read one by one, by ID).
+LISTABLE_STATES = (JobState.SCHEDULED, JobState.READY, JobState.ACTIVE, JobState.DEAD)
 
 
 def _s(value: bytes | str | None) -> str:
@@ -88,8 +93,8 @@ class ShardClient:
 
     # --- submit -------------------------------------------------------------------------
 
-    def prepare(self, job: NewJob, now_ms: int | None = None) -> list[Any]:
-        """Check one job and turn it into its ARGV fields for ``enqueue.lua``."""
+    def prepare(self, job: NewJob, now_ms: int | None = None) -> PreparedJob:
+        """Check one job and complete it (job ID, run-at, defaults, digest) for ``enqueue.lua``."""
         s = self.settings
         now = self.clock.now_ms() if now_ms is None else now_ms
         validation.tenant_id(job.tenant)
@@ -120,20 +125,20 @@ class ShardClient:
         rate = job.limits.rate_per_s
         if not isinstance(rate, int | float) or not 0 <= rate < 1e9:
             raise InvalidArgument(f"{rate!r} is not a rate >= 0", field="rate_per_s")
-        return [
-            job.tenant,
-            job.job_id or new_job_id(now),
-            job.request_id,
-            job.handler,
-            payload,
-            prio,
-            run_at,
-            attempts or s.default_max_attempts,
-            timeout or s.default_timeout_ms,
-            digest(job.handler, payload),
-            max_pending,
-            repr(float(rate)),
-        ]
+        return PreparedJob(
+            tenant=job.tenant,
+            job_id=job.job_id or new_job_id(now),
+            request_id=job.request_id,
+            handler=job.handler,
+            payload=payload,
+            priority=prio,
+            run_at_ms=run_at,
+            max_attempts=attempts or s.default_max_attempts,
+            timeout_ms=timeout or s.default_timeout_ms,
+            digest=digest(job.handler, payload),
+            max_pending=max_pending,
+            rate_per_s=float(rate),
+        )
 
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         """Enqueue jobs (any tenants of this shard); one result per job, in order.
@@ -146,7 +151,7 @@ class ShardClient:
         return await self.enqueue_prepared(prepared, now)
 
     async def enqueue_prepared(
-        self, prepared: Sequence[list[Any]], now_ms: int | None = None, map_version: int = 0
+        self, prepared: Sequence[PreparedJob], now_ms: int | None = None, map_version: int = 0
     ) -> list[EnqueueResult]:
         """Enqueue jobs already checked by :meth:`prepare`, in batches of ``max_batch``.
 
@@ -159,14 +164,10 @@ class ShardClient:
         step = self.settings.max_batch
         for i in range(0, len(prepared), step):
             args: list[Any] = [now, self.settings.dedupe_ttl_ms, map_version]
-            for fields in prepared[i : i + step]:
-                args.extend(fields)
+            for job in prepared[i : i + step]:
+                args.extend(job.to_argv())
             rows = await self._run("enqueue", [], args)
-            out.extend(
-                # enqueue.lua stamps a job it creates with ARGV[1]: this call's `now`.
-                EnqueueResult(ItemCode(int(c)), _s(jid), _s(st), int(ra), now if int(c) == 0 else 0)
-                for c, jid, st, ra in rows
-            )
+            out.extend(EnqueueResult.from_reply(row, now) for row in rows)
         return out
 
     async def submit(self, job: NewJob) -> EnqueueResult:
@@ -237,26 +238,7 @@ class ShardClient:
             [k.fence(), k.leases(), k.weights()],
             [self.clock.now_ms(), lease_ms, max_jobs, worker_id],
         )
-        jobs = []
-        for i in range(0, len(flat), _CLAIM_STRIDE):
-            f = flat[i : i + _CLAIM_STRIDE]
-            jobs.append(
-                ClaimedJob(
-                    job_id=f[0].decode(),
-                    fence=int(f[1]),
-                    tenant=f[2].decode(),
-                    request_id=f[3].decode(),
-                    handler=f[4].decode(),
-                    payload=f[5],
-                    priority=int(f[6]),
-                    run_at_ms=int(f[7]),
-                    created_at_ms=int(f[8]),
-                    attempt=int(f[9]),
-                    max_attempts=int(f[10]),
-                    timeout_ms=int(f[11]),
-                )
-            )
-        return jobs
+        return ClaimedJob.from_reply(flat)
 
     async def wait_for_work(self, timeout_s: float) -> bool:
         """Block until a job may be ready (True) or the timeout passes (False). No polling."""
@@ -311,11 +293,11 @@ class ShardClient:
                 retry_at = now + self.settings.backoff.delay_ms(max(1, f.attempt))
             args += [f.job_id, f.fence, f.error[:4096], retry_at, int(f.permanent)]
         rows = await self._run("fail", [], args)
-        return [FailResult(ItemCode(int(c)), _s(st)) for c, st in rows]
+        return [FailResult.from_reply(row) for row in rows]
 
     # --- tenants ----------------------------------------------------------------------
 
-    async def cancel(self, tenant: str, job_id: str) -> tuple[ItemCode, str]:
+    async def cancel(self, tenant: str, job_id: str) -> tuple[ItemCode, JobState]:
         """Cancel a job: (OK, 'cancelled'), (CANCEL_REQUESTED, 'active'), or (MOVING, state)
         while its tenant's move is copying it to the target shard.
 
@@ -331,7 +313,7 @@ class ShardClient:
             raise NotFound(f"no job {job_id}", field="job_id")
         if code is ItemCode.ALREADY_TERMINAL:
             raise FailedPrecondition(f"job {job_id} is already {_s(state)}", field="job_id")
-        return code, _s(state)
+        return code, JobState.parse(state)
 
     async def requeue_dead(self, tenant: str, job_ids: Sequence[str]) -> tuple[int, list[str]]:
         """Dead jobs back to ready with fresh attempts: (requeued, IDs that were not dead)."""
@@ -353,9 +335,24 @@ class ShardClient:
         validation.tenant_id(tenant)
         validation.job_id(job_id)
         raw = await self._r.hgetall(self.keys.job(job_id))
-        if not raw or raw.get(b"t", b"").decode() != tenant:
+        rec = JobRecord.from_hash(job_id, raw) if raw else None
+        if rec is None or rec.tenant != tenant:
             raise NotFound(f"no job {job_id}", field="job_id")
-        return _record(job_id, raw)
+        return rec
+
+    async def dedupe_entries(
+        self, tenant: str, request_ids: Sequence[str]
+    ) -> list[DedupeEntry | None]:
+        """Per request_id: the first job submitted with it within the dedupe window, or None."""
+        validation.tenant_id(tenant)
+        for request_id in request_ids:
+            validation.request_id(request_id)
+        if not request_ids:
+            return []
+        values = await self._r.mget(
+            [self.keys.dedupe(tenant, request_id) for request_id in request_ids]
+        )
+        return [DedupeEntry.from_value(v) if v is not None else None for v in values]
 
     async def counts(self, tenant: str) -> TenantCounts:
         validation.tenant_id(tenant)
@@ -421,7 +418,7 @@ class ShardClient:
             await self._r.hset(self.keys.weights(), tenant, weight)
 
     async def list_jobs(
-        self, tenant: str, state: str, page_size: int = 100, page_token: str = ""
+        self, tenant: str, state: JobState, page_size: int = 100, page_token: str = ""
     ) -> JobPage:
         """A page of one tenant's jobs in one state (scheduled by run-at, dead newest first).
 
@@ -429,18 +426,20 @@ class ShardClient:
         """
         validation.tenant_id(tenant)
         if state not in LISTABLE_STATES:
-            raise InvalidArgument(f"{state!r} is not one of {LISTABLE_STATES}", field="state")
+            shown = state.value if isinstance(state, JobState) else state
+            listable = tuple(s.value for s in LISTABLE_STATES)
+            raise InvalidArgument(f"{shown!r} is not one of {listable}", field="state")
         size = validation.int_in_range(page_size, 1, 1000, "page_size")
-        if state == "ready":
+        if state == JobState.READY:
             return await self._list_ready(tenant, size, page_token)
         offset = _parse_offset(page_token)
         k = self.keys
-        if state == "dead":
+        if state == JobState.DEAD:
             ids = await self._r.zrevrange(k.dead(tenant), offset, offset + size - 1)
         else:
             key = (
                 k.scheduled_by_tenant(tenant)
-                if state == "scheduled"
+                if state == JobState.SCHEDULED
                 else k.active_by_tenant(tenant)
             )
             ids = await self._r.zrange(key, offset, offset + size - 1)
@@ -467,7 +466,7 @@ class ShardClient:
                 if len(jobs) == size:
                     return JobPage(jobs, f"{prio}.{offset + n}")
                 rec = found.get(jid.decode())
-                if rec is not None and rec.state == "ready":
+                if rec is not None and rec.state is JobState.READY:
                     jobs.append(rec)
             if len(ids) == size:
                 offset += size
@@ -480,7 +479,9 @@ class ShardClient:
         for jid in job_ids:
             pipe.hgetall(self.keys.job(jid))
         raws = await pipe.execute()
-        return [_record(jid, raw) for jid, raw in zip(job_ids, raws, strict=True) if raw]
+        return [
+            JobRecord.from_hash(jid, raw) for jid, raw in zip(job_ids, raws, strict=True) if raw
+        ]
 
     # --- recurring schedules -------------------------------------------------------------
 
@@ -614,33 +615,4 @@ def _spec(schedule_id: str, body: str) -> ScheduleSpec:
         max_attempts=d["max_attempts"],
         timeout_ms=d["timeout_ms"],
         created_at_ms=d["created_at_ms"],
-    )
-
-
-def _record(job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
-    def i(name: bytes) -> int:
-        return int(raw.get(name, b"0") or 0)
-
-    def t(name: bytes) -> str:
-        return raw.get(name, b"").decode()
-
-    return JobRecord(
-        job_id=job_id,
-        tenant=t(b"t"),
-        request_id=t(b"r"),
-        handler=t(b"h"),
-        payload=raw.get(b"p", b""),
-        priority=i(b"pr"),
-        state=t(b"s"),
-        run_at_ms=i(b"ra"),
-        created_at_ms=i(b"ca"),
-        attempts=i(b"at"),
-        max_attempts=i(b"ma"),
-        timeout_ms=i(b"to"),
-        fence=i(b"f"),
-        worker_id=t(b"w"),
-        started_at_ms=i(b"sa"),
-        finished_at_ms=i(b"fa"),
-        last_error=t(b"e"),
-        cancel_requested=raw.get(b"cx") == b"1",
     )

@@ -12,37 +12,20 @@ methods below. Changing a spelling here means changing it there: ``tests/unit/te
 checks that both agree.
 
 A job's hash uses short field names to keep a scheduled job small in memory; they are listed
-in :data:`JOB_FIELDS`.
+in :data:`JOB_FIELDS`, and declared with the job's states in :mod:`shard.records`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Field names of the job hash ``{prefix}:job:{job_id}`` and what each holds.
-JOB_FIELDS: dict[str, str] = {
-    "t": "tenant ID",
-    "r": "request ID (the tenant's idempotency key)",
-    "h": "handler name",
-    "p": "payload (bytes, a JSON document)",
-    "pr": "priority 0-9, 9 most urgent",
-    "s": "state: scheduled | ready | active | succeeded | dead | cancelled",
-    "ra": "run-at, unix ms (when it was or will be due)",
-    "ca": "created-at, unix ms",
-    "at": "attempts so far (claims, including the one running)",
-    "ma": "max attempts",
-    "to": "handler timeout, ms",
-    "f": "fencing token of the current or last lease",
-    "w": "worker ID of the current or last lease",
-    "sa": "started-at of the current or last attempt, unix ms",
-    "fa": "finished-at, unix ms (terminal states)",
-    "e": "last error",
-    "cx": "1 when cancel was requested while active",
-}
+from shardq.shard.records import JOB_FIELD_DOCS, STATES, TERMINAL_STATES
 
-#: The job states, as stored in field ``s``.
-STATES = ("scheduled", "ready", "active", "succeeded", "dead", "cancelled")
-TERMINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
+__all__ = ["JOB_FIELDS", "STATES", "TERMINAL_STATES", "Keys"]
+
+#: Field names of the job hash ``{prefix}:job:{job_id}`` and what each holds (the layout is
+#: declared in :mod:`shard.records`, with the records that read and write it).
+JOB_FIELDS: dict[str, str] = {f.value: doc for f, doc in JOB_FIELD_DOCS.items()}
 
 
 @dataclass(frozen=True, slots=True)

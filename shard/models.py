@@ -1,4 +1,9 @@
-"""Typed values that cross the shard API."""
+"""Typed values that cross the shard API: the ones callers build and read.
+
+The records that the Lua scripts read and write (a job's states, hash, ARGV and replies) are
+encoded and decoded in :mod:`shard.records`, and imported from there; they are re-exported here
+so that imports written before the split keep working.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardq.shard.backoff import Backoff
-from shardq.shard.codes import ItemCode
+from shardq.shard.records import (
+    ClaimedJob,
+    EnqueueResult,
+    FailResult,
+    JobRecord,
+    JobState,
+    PreparedJob,
+)
+
+# The records of shard.records are listed too: re-exported for imports that predate it.
+__all__ = [
+    "ClaimedJob",
+    "DueTick",
+    "EnqueueResult",
+    "FailResult",
+    "Failure",
+    "JobPage",
+    "JobRecord",
+    "JobState",
+    "Lease",
+    "Limits",
+    "NewJob",
+    "PreparedJob",
+    "Schedule",
+    "ScheduleSpec",
+    "ShardSettings",
+    "TenantCounts",
+    "TenantLoad",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,42 +97,6 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
-class EnqueueResult:
-    code: ItemCode
-    job_id: str
-    state: str
-    retry_after_ms: int = 0
-    #: The new job's created-at (unix ms) when this call created it (OK); 0 otherwise.
-    created_at_ms: int = 0
-
-    @property
-    def accepted(self) -> bool:
-        return self.code in (ItemCode.OK, ItemCode.DEDUPLICATED)
-
-    @property
-    def deduplicated(self) -> bool:
-        return self.code is ItemCode.DEDUPLICATED
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
-    """A job this worker now holds a lease on; ``fence`` must accompany every later call."""
-
-    job_id: str
-    fence: int
-    tenant: str
-    request_id: str
-    handler: str
-    payload: bytes
-    priority: int
-    run_at_ms: int
-    created_at_ms: int
-    attempt: int
-    max_attempts: int
-    timeout_ms: int
-
-
-@dataclass(frozen=True, slots=True)
 class Lease:
     job_id: str
     fence: int
@@ -115,36 +112,6 @@ class Failure:
     error: str
     permanent: bool = False
     retry_at_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FailResult:
-    code: ItemCode
-    state: str
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """Everything the shard knows of one job."""
-
-    job_id: str
-    tenant: str
-    request_id: str
-    handler: str
-    payload: bytes
-    priority: int
-    state: str
-    run_at_ms: int
-    created_at_ms: int
-    attempts: int
-    max_attempts: int
-    timeout_ms: int
-    fence: int
-    worker_id: str
-    started_at_ms: int
-    finished_at_ms: int
-    last_error: str
-    cancel_requested: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +209,16 @@ class ScheduleSpec:
     max_attempts: int = 0
     timeout_ms: int = 0
     created_at_ms: int = 0
+
+    def same_definition(self, other: ScheduleSpec) -> bool:
+        """Equal definitions (ID and creation time aside): creating it again is a no-op."""
+        return self._definition() == other._definition()
+
+    def _definition(self) -> tuple[Any, ...]:
+        return (
+            self.cron, self.handler, self.payload, self.time_zone, self.priority,
+            self.max_attempts, self.timeout_ms,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,7 @@ from typing import Any
 
 from shardq.shard import cron
 from shardq.shard.client import ShardClient
-
-#: Finished states: nothing changes such a job any more, so its hash can simply be copied.
-FINISHED = (b"succeeded", b"cancelled")
+from shardq.shard.records import DedupeEntry, JobField, JobState
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +29,10 @@ class JobCopy:
     fields: tuple[bytes, ...]
 
     @property
-    def state(self) -> bytes:
+    def state(self) -> JobState:
+        """The job's state (hash field ``s``)."""
         pairs = dict(zip(self.fields[::2], self.fields[1::2], strict=True))
-        return pairs.get(b"s", b"")
+        return JobState.parse(pairs.get(JobField.STATE.encode()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +43,7 @@ class DedupeCopy:
 
     @property
     def job_id(self) -> str:
-        return self.value.split(b" ", 1)[0].decode()
+        return DedupeEntry.from_value(self.value).job_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +107,8 @@ class ShardSide:
 
     async def fired(self, schedule_id: str, tick_ms: int) -> bool:
         """Whether this shard's loop enqueued the job of that tick (its dedupe key exists)."""
-        rid = cron.tick_request_id(schedule_id, tick_ms)
-        return bool(await self._r.exists(self.keys.dedupe(self.tenant, rid)))
+        request_id = cron.tick_request_id(schedule_id, tick_ms)
+        return bool(await self._r.exists(self.keys.dedupe(self.tenant, request_id)))
 
     async def dedupe_keys(self, count: int = 1000) -> list[DedupeCopy]:
         """Every dedupe key of the tenant here (a SCAN: the mover's one O(keyspace) step)."""

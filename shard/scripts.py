@@ -44,7 +44,7 @@ SCRIPT_NAMES = (
 @cache
 def source(name: str) -> str:
     """The full text sent to Redis for one script: the shared prelude, then the script."""
-    folder = resources.files("shard") / "lua"
+    folder = resources.files("shardq.shard") / "lua"
     lib = (folder / "_lib.lua").read_text()
     return lib + "\n" + (folder / f"{name}.lua").read_text()
 

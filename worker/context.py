@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardq.shard.models import ClaimedJob
+from shardq.shard.records import ClaimedJob
 
 
 @dataclass

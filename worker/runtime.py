@@ -29,7 +29,8 @@ from sqlalchemy.orm import sessionmaker
 from shardq.common.redis import redis_for
 from shardq.shard.client import ShardClient
 from shardq.shard.codes import ItemCode
-from shardq.shard.models import ClaimedJob, Failure, Lease
+from shardq.shard.models import Failure, Lease
+from shardq.shard.records import ClaimedJob, JobState
 from shardq.store import db
 from shardq.store.results import (
     ResultRow,
@@ -316,7 +317,9 @@ class Worker:
         if spec.mode == "async":
             value = await spec.fn(ctx, payload)
             if ctx.uses_session:
-                await write_in_session(ctx.session, self._row(run, "succeeded", to_json(value)))
+                await write_in_session(
+                    ctx.session, self._row(run, JobState.SUCCEEDED, to_json(value))
+                )
             return value
         if spec.mode == "thread":
             return await loop.run_in_executor(
@@ -330,7 +333,7 @@ class Worker:
     def _call_sync(self, spec: HandlerSpec, ctx: Context, payload: Any, run: Running) -> Any:
         value = spec.fn(ctx, payload)
         if ctx.uses_session:
-            write_in_sync_session(ctx.session, self._row(run, "succeeded", to_json(value)))
+            write_in_sync_session(ctx.session, self._row(run, JobState.SUCCEEDED, to_json(value)))
         return value
 
     def _sync_session_factory(self) -> sessionmaker[Any]:
@@ -339,7 +342,9 @@ class Worker:
             self._sync_sessions = sessionmaker(engine, expire_on_commit=False)
         return self._sync_sessions
 
-    def _row(self, run: Running, status: str, result: Any = None, error: str = "") -> ResultRow:
+    def _row(
+        self, run: Running, status: JobState, result: Any = None, error: str = ""
+    ) -> ResultRow:
         job = run.job
         return ResultRow(
             tenant_id=job.tenant,
@@ -347,7 +352,7 @@ class Worker:
             job_id=job.job_id,
             shard_id=run.shard_id,
             handler=job.handler,
-            status=status,
+            status=status.value,
             attempts=job.attempt,
             fence=job.fence,
             queued_ms=job.run_at_ms,
@@ -397,11 +402,11 @@ class Worker:
             if o.kind == "success" and o.run.lost is ItemCode.CANCEL_REQUESTED:
                 o.kind = "cancelled"
             if o.kind == "success" and not o.row_written:
-                rows.append(self._row(o.run, "succeeded", o.result))
+                rows.append(self._row(o.run, JobState.SUCCEEDED, o.result))
             elif o.kind == "cancelled":
-                rows.append(self._row(o.run, "cancelled", error="cancelled while running"))
+                rows.append(self._row(o.run, JobState.CANCELLED, error="cancelled while running"))
             elif o.dies:
-                rows.append(self._row(o.run, "dead", error=o.error))
+                rows.append(self._row(o.run, JobState.DEAD, error=o.error))
         # Rows first, then acks: a crash in between leaves rows whose jobs get re-delivered
         # and acked without running (already_done), never an acked job without its row.
         await self._retry_db(lambda: self.results.write(rows))

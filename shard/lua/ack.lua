@@ -3,7 +3,8 @@
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, counts keys
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  retention_ms              (int)     how long the finished job hash is kept
--- ARGV[3..] pairs: job_id, fence
+-- ARGV[3..] pairs: job_id, fence    (string, int) fence must equal job hash field 'f'
+-- An acked job gets 's' = 'succeeded' (or 'cancelled' when its 'cx' is 1) and 'fa' = now_ms.
 -- Returns  one code per pair: OK | CANCELLED (ended as cancelled) | STALE_LEASE
 local now, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}

@@ -6,7 +6,9 @@
 -- ARGV[2]  job_id                    (string)
 -- ARGV[3]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[4]  retention_ms              (int)     how long the cancelled job hash is kept
--- Returns  {code, state}: OK ('cancelled') | CANCEL_REQUESTED ('active')
+-- An active job gets 'cx' = 1; a job cancelled here gets 's' = 'cancelled' and 'fa' = now_ms.
+-- Returns  {code, state}, state being job hash field 's' ('' when there is no job):
+--          OK ('cancelled') | CANCEL_REQUESTED ('active')
 --          | ALREADY_TERMINAL (its final state) | NOT_FOUND
 --          | MOVING (its tenant is moving and the job is being copied to the target: the
 --            caller asks the target in a moment)

@@ -8,10 +8,22 @@
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  lease_ms                  (int)     lease length granted by this claim
 -- ARGV[3]  max_jobs                  (int)     most jobs to claim
--- ARGV[4]  worker_id                 (string)  recorded on the job
--- Returns  a flat list, 12 entries per claimed job:
---   job_id, fence, tenant, request_id, handler, payload, priority, run_at_ms, created_at_ms,
---   attempts (this one included), max_attempts, timeout_ms
+-- ARGV[4]  worker_id                 (string)  -> job hash field 'w' of each claimed job
+-- Each claimed job's hash gets 's' = 'active', 'f' = its new fence, 'sa' = now_ms, 'at' + 1.
+-- Returns  a flat list, 12 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
+--          entry j of job k = 0, 1, ... is reply[k*12+j]; "<- 'x'" names the hash field read
+--   j=1   job_id           (string)          the hash's key {prefix}:job:{job_id}
+--   j=2   fence            (int)             <- 'f' (the token this claim took)
+--   j=3   tenant           (string)          <- 't'
+--   j=4   request_id       (string)          <- 'r'
+--   j=5   handler          (string)          <- 'h'
+--   j=6   payload          (bytes)           <- 'p'
+--   j=7   priority         (int 0-9)         <- 'pr'
+--   j=8   run_at_ms        (int, unix ms)    <- 'ra'
+--   j=9   created_at_ms    (int, unix ms)    <- 'ca'
+--   j=10  attempt          (int)             <- 'at' (this claim counted: 1 for a first run)
+--   j=11  max_attempts     (int)             <- 'ma'
+--   j=12  timeout_ms       (int, ms)         <- 'to'
 -- When the batch filled up and work remains, one wake-up token is left for another worker.
 local now, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local max_jobs, worker = tonumber(ARGV[3]), ARGV[4]

@@ -7,11 +7,24 @@
 -- ARGV[2]  dedupe_ttl_ms             (int)     how long a request_id stays deduplicated
 -- ARGV[3]  map_version               (int)     shard-map version the caller routed with; 0 for
 --                                              the shard's own loop (cron), never refused
--- ARGV[4..] 12 fields per job:
---   tenant, job_id, request_id, handler, payload, priority (0-9), run_at_ms,
---   max_attempts, timeout_ms, digest (of handler+payload), max_pending (0 = no quota),
---   rate_per_s (0 = no limit; burst = max(1, rate_per_s))
--- Returns  one {code, job_id, state, retry_after_ms} per job, in order:
+-- ARGV[4..] 12 entries per job (PreparedJob.to_argv in shard/records.py): entry j of job
+--          k = 0, 1, ... is ARGV[3+k*12+j]; "-> 'x'" names the job hash field it is stored in
+--   j=1   tenant           (string)          -> 't'
+--   j=2   job_id           (string)          the hash's key {prefix}:job:{job_id}
+--   j=3   request_id       (string)          -> 'r' (and the dedupe key's name)
+--   j=4   handler          (string)          -> 'h'
+--   j=5   payload          (bytes)           -> 'p'
+--   j=6   priority         (int 0-9)         -> 'pr'
+--   j=7   run_at_ms        (int, unix ms)    -> 'ra'
+--   j=8   max_attempts     (int)             -> 'ma'
+--   j=9   timeout_ms       (int, ms)         -> 'to'
+--   j=10  digest           (string)          of handler+payload: kept in the dedupe key's value
+--   j=11  max_pending      (int)             0 = no quota; not stored
+--   j=12  rate_per_s       (float, per s)    0 = no limit; burst = max(1, rate_per_s); not stored
+--          A job made here also gets 's' = 'ready' (or 'scheduled' when run_at_ms > now_ms),
+--          'ca' = now_ms, 'at' = 0 and 'f' = 0.
+-- Returns  one {code, job_id, state, retry_after_ms} per job, in order (EnqueueResult); job_id
+--          is the hash's key, state its 's' ('' when there is no job):
 --   OK | DEDUPLICATED (job_id of the first job, its state or '' if it expired)
 --   | CONFLICT (same request_id, other handler/payload; job_id of the first)
 --   | OVER_QUOTA | RATE_LIMITED (retry_after_ms > 0)

@@ -5,10 +5,16 @@
 --                                              tscheduled, dead, counts, promoter_wake keys
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  retention_ms              (int)     how long a job cancelled meanwhile is kept
--- ARGV[3..] 5 fields per job: job_id, fence, error (string), retry_at_ms (int),
---           permanent (1 = dead now, whatever attempts remain)
--- Returns  one {code, state} per job: OK with state 'scheduled' or 'dead'
---          | CANCELLED (cancel was requested while it ran) | STALE_LEASE (nothing changed)
+-- ARGV[3..] 5 entries per job (a Failure); "-> 'x'" names the job hash field it is stored in
+--   job_id                           (string)  the hash's key {prefix}:job:{job_id}
+--   fence                            (int)     must equal 'f' (the lease's token)
+--   error                            (string)  -> 'e'
+--   retry_at_ms                      (int)     -> 'ra' when retried (and the delayed ZSET score)
+--   permanent                        (0 | 1)   1 = dead now, whatever attempts remain
+-- A job that ends (dead, cancelled) also gets 'fa' = now_ms; 's' is set to the state returned.
+-- Returns  one {code, state} per job (FailResult), state being 's' after the call: OK with
+--          'scheduled' or 'dead' | CANCELLED (cancel was requested while it ran)
+--          | STALE_LEASE (nothing changed; the job's 's', '' when there is no job)
 local now, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 for i = 3, #ARGV, 5 do

@@ -4,7 +4,7 @@
 -- KEYS[2]  {prefix}:leases           (ZSET)    job_id scored by lease deadline (unix ms)
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  lease_ms                  (int)     new lease length from now
--- ARGV[3..] pairs: job_id, fence
+-- ARGV[3..] pairs: job_id, fence    (string, int) fence must equal job hash field 'f'
 -- Returns  one code per pair: OK | CANCEL_REQUESTED (lease extended; the job was cancelled,
 --          stop it) | STALE_LEASE (the lease is lost: stop the handler, record nothing)
 local deadline = tonumber(ARGV[1]) + tonumber(ARGV[2])

@@ -10,6 +10,8 @@
 -- ARGV[2]  now_ms                    (int)
 -- ARGV[3]  n_jobs, ARGV[4] n_dedupe, ARGV[5] n_schedules
 -- ARGV[6..] n_jobs records:      job_id, pttl_ms (-1 = none), n_fields, field, value, ...
+--                                 (the source's job hash, field by field as stored: 't', 'r',
+--                                 's', 'pr', 'ra', 'fa', 'f' are read here, the rest copied)
 --           n_dedupe records:    request_id, value, pttl_ms
 --           n_schedules records: schedule_id, spec (JSON), next_tick_ms
 -- Returns  {jobs added, dedupe keys added, schedules added}

@@ -4,6 +4,7 @@
 -- KEYS[2]  {prefix}:scheduled        (ZSET)    job_id scored by run_at_ms
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  limit                     (int)     most jobs to move in this call
+-- A promoted job's hash gets 's' = 'ready'.
 -- Returns  {taken, next_due_ms}: IDs taken off the ZSET (call again while taken == limit);
 --          next_due_ms is -1 when nothing is scheduled
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])

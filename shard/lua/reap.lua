@@ -6,6 +6,8 @@
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  limit                     (int)     most leases to take back in this call
 -- ARGV[3]  retention_ms              (int)     how long a job cancelled meanwhile is kept
+-- A reaped job's hash gets 'e' = 'lease expired' and 's' = 'ready', or 'dead' / 'cancelled'
+-- with 'fa' = now_ms.
 -- Returns  {taken, to_ready, to_dead}: taken counts the expired leases removed
 local now, limit, retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)

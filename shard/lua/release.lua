@@ -2,7 +2,8 @@
 -- leases to expire. The attempt is not counted: the handler was stopped, it did not fail.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, ready, ring,
 --                                              counts, wake keys
--- ARGV[1..] pairs: job_id, fence
+-- ARGV[1..] pairs: job_id, fence    (string, int) fence must equal job hash field 'f'
+-- A released job gets 's' = 'ready' and 'at' - 1 (or 's' = 'cancelled' when its 'cx' is 1).
 -- Returns  one code per pair: OK | CANCELLED (cancel was requested: it ends cancelled)
 --          | STALE_LEASE (not ours any more: nothing changed)
 local out = {}

@@ -3,6 +3,7 @@
 -- KEYS[2]  {prefix}:dead:{tenant}    (ZSET)    the tenant's dead job IDs
 -- ARGV[1]  tenant                    (string)
 -- ARGV[2..] job IDs
+-- A requeued job's hash gets 's' = 'ready' and 'at' = 0, and loses 'fa'.
 -- Returns  {requeued, {job IDs that were not dead jobs of this tenant}}
 local tenant = ARGV[1]
 local requeued, missing = 0, {}

@@ -64,6 +64,27 @@ async def test_a_submit_answers_exactly_what_get_then_reads(cluster: Cluster) ->
     assert again.deduplicated and again.job == subs[0].job
 
 
+async def test_a_repeated_submit_answers_the_first_job_as_get_reads_it_now(
+    cluster: Cluster,
+) -> None:
+    c = await cluster.client("acme")
+    first = await c.submit("h", {"n": 1}, request_id="once", delay_ms=60_000)
+    await c.cancel(first.job_id)
+    again = await c.submit("h", {"n": 1}, request_id="once", delay_ms=60_000)
+    assert again.deduplicated and again.job.job_id == first.job_id
+    assert again.job == await c.get(first.job_id)
+    assert again.job.state == common_pb2.JOB_STATE_CANCELLED
+    items = await c.submit_many(
+        [job_spec("h", {"n": 1}, request_id="once"), job_spec("h", {"n": 2}, delay_ms=60_000)]
+    )
+    read = [await c.get(item.job_id) for item in items]
+    assert [(i.job_id, i.request_id, i.state, i.deduplicated) for i in items] == [
+        (first.job_id, "once", common_pb2.JOB_STATE_CANCELLED, True),
+        (read[1].job_id, read[1].request_id, common_pb2.JOB_STATE_SCHEDULED, False),
+    ]
+    assert [j.state for j in read] == [i.state for i in items]
+
+
 async def test_fifty_concurrent_submits_of_one_request_id_make_one_job(cluster: Cluster) -> None:
     c = await cluster.client("acme")
     results = await asyncio.gather(

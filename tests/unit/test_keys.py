@@ -50,7 +50,7 @@ SAMPLES: dict[str, object] = {
     "move_id": "MOVEID",
 }
 
-LIB = (resources.files("shard") / "lua" / "_lib.lua").read_text()
+LIB = (resources.files("shardq.shard") / "lua" / "_lib.lua").read_text()
 BUILDER_RE = re.compile(
     r"^local function k_(\w+)\(([^)]*)\) return base \.\. (.+?) end$", re.MULTILINE
 )
@@ -122,7 +122,7 @@ def test_the_lua_key_builder_spells_the_same_key_as_keys(lua_name: str, py_name:
 
 
 def test_lua_scripts_derive_keys_only_through_the_lib_builders() -> None:
-    folder = resources.files("shard") / "lua"
+    folder = resources.files("shardq.shard") / "lua"
     for name in SCRIPT_NAMES:
         text = (folder / f"{name}.lua").read_text()
         assert "base .." not in text, f"{name}.lua builds a key itself"

@@ -1,0 +1,368 @@
+"""A job as the Lua scripts see it: its states, its hash, its ARGV and its replies, in one place.
+
+This is the only Python that knows how ``shard/lua/`` lays a job out: the short field names of
+the job hash, the order of ``enqueue.lua``'s per-job ARGV, and the order of ``claim.lua``'s and
+``enqueue.lua``'s replies (Asynq keeps its ``TaskMessage`` and ``EncodeMessage``/``DecodeMessage``
+together in ``internal/base`` the same way). Everything else reads a job by attribute name, and
+a name (``request_id``) keeps its name on both sides. A change to a script's ARGV or reply is a
+change here and in that script's header; ``tests/unit/test_records.py`` holds the two together.
+
+Why a module of its own and not more of :mod:`shard.models`: ``models`` holds the values a
+caller builds and reads (settings, ``NewJob``, ``Limits``, ``Lease``, ``Failure``, loads,
+schedules) and knows nothing of Redis; this module is the wire format, small enough to read
+against the scripts in one sitting. ``models`` re-exports the records so that callers import
+the shard's values from one module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any, Final
+
+from shardq.shard.codes import ItemCode
+
+
+class JobState(StrEnum):
+    """A job's state, as the scripts store it in hash field ``s`` (:attr:`JobField.STATE`).
+
+    A ``StrEnum``: a member equals its string (``JobState.READY == "ready"``).
+    """
+
+    #: Not a state of a stored job: a reply about a job that does not exist (never made,
+    #: refused, or expired) carries ``''`` where a state would be.
+    UNKNOWN = ""
+    #: On the delayed ZSETs until its run-at (``promote.lua`` makes it ready).
+    SCHEDULED = "scheduled"
+    #: On its tenant's ready list for its priority, waiting for a claim.
+    READY = "ready"
+    #: Claimed: a worker holds its lease (ZSET ``leases``) and fencing token.
+    ACTIVE = "active"
+    #: Acked after its result row was committed. Final.
+    SUCCEEDED = "succeeded"
+    #: Attempts used up or failed for good; in the tenant's dead-letter ZSET, can be requeued.
+    DEAD = "dead"
+    #: Cancelled while scheduled or ready, or finished after a cancel while active. Final.
+    CANCELLED = "cancelled"
+
+    @classmethod
+    def parse(cls, raw: bytes | str | None) -> JobState:
+        """The state a script wrote or answered; UNKNOWN for none (or one this code does not
+        know, which no script writes)."""
+        if isinstance(raw, bytes):
+            return _STATE_OF_BYTES.get(raw, cls.UNKNOWN)
+        return _STATE_OF_STR.get(raw or "", cls.UNKNOWN)
+
+    @property
+    def terminal(self) -> bool:
+        """Nothing changes the job any more (a dead job only by an explicit requeue)."""
+        return self in TERMINAL_STATES
+
+
+_STATE_OF_STR: Final = {s.value: s for s in JobState}
+_STATE_OF_BYTES: Final = {s.value.encode(): s for s in JobState}
+
+#: Every state a stored job can be in (JobState.UNKNOWN aside), in lifecycle order.
+STATES: Final = tuple(s for s in JobState if s is not JobState.UNKNOWN)
+#: States a job ends in: succeeded, dead (until requeued) and cancelled.
+TERMINAL_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED})
+#: Finished for good: the move copies such a job's hash as it is, it never changes again.
+FINISHED_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.CANCELLED})
+
+
+class JobField(StrEnum):
+    """The fields of the job hash ``{prefix}:job:{job_id}`` (``Keys.job``), named as the
+    record attribute each one fills (``REQUEST_ID`` -> ``JobRecord.request_id``) and valued as
+    the scripts spell them. Short names keep a scheduled job small in Redis."""
+
+    TENANT = "t"
+    REQUEST_ID = "r"
+    HANDLER = "h"
+    PAYLOAD = "p"
+    PRIORITY = "pr"
+    STATE = "s"
+    RUN_AT_MS = "ra"
+    CREATED_AT_MS = "ca"
+    ATTEMPTS = "at"
+    MAX_ATTEMPTS = "ma"
+    TIMEOUT_MS = "to"
+    FENCE = "f"
+    WORKER_ID = "w"
+    STARTED_AT_MS = "sa"
+    FINISHED_AT_MS = "fa"
+    LAST_ERROR = "e"
+    CANCEL_REQUESTED = "cx"
+
+    @property
+    def attribute(self) -> str:
+        """The :class:`JobRecord` attribute this field fills."""
+        return self.name.lower()
+
+
+#: What each field of the job hash holds (documentation; ``Keys.job`` points here).
+JOB_FIELD_DOCS: Final[Mapping[JobField, str]] = {
+    JobField.TENANT: "tenant ID",
+    JobField.REQUEST_ID: "request ID (the tenant's idempotency key)",
+    JobField.HANDLER: "handler name",
+    JobField.PAYLOAD: "payload (bytes, a JSON document)",
+    JobField.PRIORITY: "priority 0-9, 9 most urgent",
+    JobField.STATE: "state: " + " | ".join(STATES),
+    JobField.RUN_AT_MS: "run-at, unix ms (when it was or will be due)",
+    JobField.CREATED_AT_MS: "created-at, unix ms",
+    JobField.ATTEMPTS: "attempts so far (claims, including the one running)",
+    JobField.MAX_ATTEMPTS: "max attempts",
+    JobField.TIMEOUT_MS: "handler timeout, ms",
+    JobField.FENCE: "fencing token of the current or last lease",
+    JobField.WORKER_ID: "worker ID of the current or last lease",
+    JobField.STARTED_AT_MS: "started-at of the current or last attempt, unix ms",
+    JobField.FINISHED_AT_MS: "finished-at, unix ms (terminal states)",
+    JobField.LAST_ERROR: "last error",
+    JobField.CANCEL_REQUESTED: "1 when cancel was requested while active",
+}
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# --- submit: enqueue.lua -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedJob:
+    """A job checked and completed by ``ShardClient.prepare``, ready for ``enqueue.lua``.
+
+    The fields are declared in the order ``enqueue.lua`` reads them from its ARGV (12 per job,
+    :data:`ENQUEUE_STRIDE`); :meth:`to_argv` writes them in that order.
+    """
+
+    tenant: str
+    job_id: str
+    request_id: str
+    handler: str
+    payload: bytes
+    priority: int
+    run_at_ms: int
+    max_attempts: int
+    timeout_ms: int
+    #: Of handler and payload (``shard.client.digest``): what makes two submits the same job.
+    digest: str
+    #: The tenant's pending-jobs quota, checked with the write; 0 = none.
+    max_pending: int
+    #: The tenant's submit rate (token bucket, burst = max(1, rate)); 0 = no limit.
+    rate_per_s: float
+
+    def to_argv(self) -> list[Any]:
+        """This job's 12 ARGV entries for ``enqueue.lua``, in the order it reads them."""
+        return [
+            self.tenant,
+            self.job_id,
+            self.request_id,
+            self.handler,
+            self.payload,
+            self.priority,
+            self.run_at_ms,
+            self.max_attempts,
+            self.timeout_ms,
+            self.digest,
+            self.max_pending,
+            repr(float(self.rate_per_s)),
+        ]
+
+
+#: ``enqueue.lua``'s per-job ARGV, in order: the fields of :class:`PreparedJob`.
+ENQUEUE_ARGV: Final = tuple(f.name for f in fields(PreparedJob))
+ENQUEUE_STRIDE: Final = len(ENQUEUE_ARGV)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """``enqueue.lua``'s answer for one job: ``{code, job_id, state, retry_after_ms}``."""
+
+    code: ItemCode
+    job_id: str
+    state: JobState
+    retry_after_ms: int = 0
+    #: The new job's created-at (unix ms) when this call created it (OK); 0 otherwise.
+    created_at_ms: int = 0
+
+    @classmethod
+    def from_reply(cls, row: Sequence[Any], now_ms: int) -> EnqueueResult:
+        """One entry of the reply of an enqueue called with ARGV[1] = ``now_ms`` (which the
+        script stamps on a job it creates as hash field ``ca``)."""
+        code, job_id, state, retry_after_ms = row
+        item = ItemCode(int(code))
+        return cls(
+            item,
+            _text(job_id),
+            JobState.parse(state),
+            int(retry_after_ms),
+            now_ms if item is ItemCode.OK else 0,
+        )
+
+    @property
+    def accepted(self) -> bool:
+        return self.code in (ItemCode.OK, ItemCode.DEDUPLICATED)
+
+    @property
+    def deduplicated(self) -> bool:
+        return self.code is ItemCode.DEDUPLICATED
+
+
+@dataclass(frozen=True, slots=True)
+class DedupeEntry:
+    """The value of a dedupe key ``{prefix}:dedupe:{tenant}:{request_id}``: the first job made
+    for the request_id and its digest, written by ``enqueue.lua`` as ``'<job_id> <digest>'``."""
+
+    job_id: str
+    digest: str
+
+    @classmethod
+    def from_value(cls, value: bytes) -> DedupeEntry:
+        job_id, _, digest = value.decode().partition(" ")
+        return cls(job_id, digest)
+
+
+# --- reads: the job hash ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """Everything the shard knows of one job: its hash (one attribute per :class:`JobField`)
+    and its ID."""
+
+    job_id: str
+    tenant: str
+    request_id: str
+    handler: str
+    payload: bytes
+    priority: int
+    state: JobState
+    run_at_ms: int
+    created_at_ms: int
+    attempts: int
+    max_attempts: int
+    timeout_ms: int
+    fence: int
+    worker_id: str
+    started_at_ms: int
+    finished_at_ms: int
+    last_error: str
+    cancel_requested: bool
+
+    @classmethod
+    def from_hash(cls, job_id: str, raw: Mapping[bytes, bytes]) -> JobRecord:
+        """The record of an HGETALL of the job's hash. A field the hash lacks (one that a
+        script sets only later, like ``w`` before the first claim) reads as 0, ``''`` or
+        False; a missing state as ``JobState.UNKNOWN``."""
+        h = {k.decode(): v for k, v in raw.items()}
+
+        def i(f: JobField) -> int:
+            return int(h.get(f) or 0)
+
+        def t(f: JobField) -> str:
+            return h.get(f, b"").decode()
+
+        return cls(
+            job_id=job_id,
+            tenant=t(JobField.TENANT),
+            request_id=t(JobField.REQUEST_ID),
+            handler=t(JobField.HANDLER),
+            payload=h.get(JobField.PAYLOAD, b""),
+            priority=i(JobField.PRIORITY),
+            state=JobState.parse(h.get(JobField.STATE)),
+            run_at_ms=i(JobField.RUN_AT_MS),
+            created_at_ms=i(JobField.CREATED_AT_MS),
+            attempts=i(JobField.ATTEMPTS),
+            max_attempts=i(JobField.MAX_ATTEMPTS),
+            timeout_ms=i(JobField.TIMEOUT_MS),
+            fence=i(JobField.FENCE),
+            worker_id=t(JobField.WORKER_ID),
+            started_at_ms=i(JobField.STARTED_AT_MS),
+            finished_at_ms=i(JobField.FINISHED_AT_MS),
+            last_error=t(JobField.LAST_ERROR),
+            cancel_requested=h.get(JobField.CANCEL_REQUESTED) == b"1",
+        )
+
+    @classmethod
+    def of_new(cls, job: PreparedJob, result: EnqueueResult) -> JobRecord:
+        """The record of a job that ``enqueue.lua`` just created (``result.code`` OK) from
+        ``job``: the hash it wrote, without reading it back."""
+        return cls(
+            job_id=result.job_id, tenant=job.tenant, request_id=job.request_id,
+            handler=job.handler, payload=job.payload, priority=job.priority,
+            state=result.state, run_at_ms=job.run_at_ms, created_at_ms=result.created_at_ms,
+            attempts=0, max_attempts=job.max_attempts, timeout_ms=job.timeout_ms, fence=0,
+            worker_id="", started_at_ms=0, finished_at_ms=0, last_error="",
+            cancel_requested=False,
+        )  # fmt: skip
+
+
+# --- workers: claim.lua and fail.lua -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job this worker now holds a lease on; ``fence`` must accompany every later call.
+
+    The fields are declared in the order of ``claim.lua``'s reply, 12 entries per job
+    (:data:`CLAIM_STRIDE`); :meth:`from_reply` reads them in that order.
+    """
+
+    job_id: str
+    fence: int
+    tenant: str
+    request_id: str
+    handler: str
+    payload: bytes
+    priority: int
+    run_at_ms: int
+    created_at_ms: int
+    #: This attempt's number (hash field ``at`` after the claim counted it): 1 for a first run.
+    attempt: int
+    max_attempts: int
+    timeout_ms: int
+
+    @classmethod
+    def from_reply(cls, flat: Sequence[Any]) -> list[ClaimedJob]:
+        """Every job of ``claim.lua``'s flat reply, in order."""
+        if len(flat) % CLAIM_STRIDE:
+            raise ValueError(f"a claim reply of {len(flat)} entries is not {CLAIM_STRIDE} per job")
+        return [
+            cls(
+                job_id=flat[i].decode(),
+                fence=int(flat[i + 1]),
+                tenant=flat[i + 2].decode(),
+                request_id=flat[i + 3].decode(),
+                handler=flat[i + 4].decode(),
+                payload=flat[i + 5],
+                priority=int(flat[i + 6]),
+                run_at_ms=int(flat[i + 7]),
+                created_at_ms=int(flat[i + 8]),
+                attempt=int(flat[i + 9]),
+                max_attempts=int(flat[i + 10]),
+                timeout_ms=int(flat[i + 11]),
+            )
+            for i in range(0, len(flat), CLAIM_STRIDE)
+        ]
+
+
+#: ``claim.lua``'s reply per job, in order: the fields of :class:`ClaimedJob`.
+CLAIM_REPLY: Final = tuple(f.name for f in fields(ClaimedJob))
+CLAIM_STRIDE: Final = len(CLAIM_REPLY)
+
+
+@dataclass(frozen=True, slots=True)
+class FailResult:
+    """``fail.lua``'s answer for one job: ``{code, state}``."""
+
+    code: ItemCode
+    state: JobState
+
+    @classmethod
+    def from_reply(cls, row: Sequence[Any]) -> FailResult:
+        code, state = row
+        return cls(ItemCode(int(code)), JobState.parse(state))

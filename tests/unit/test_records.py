@@ -1,0 +1,271 @@
+"""The records at the Python↔Lua boundary: field orders, decoding, and the script headers that
+document the same orders (shard/records.py against shard/lua/*.lua)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from importlib import resources
+from typing import Any
+
+import pytest
+
+from shardq.shard.codes import ItemCode
+from shardq.shard.keys import JOB_FIELDS
+from shardq.shard.records import (
+    CLAIM_REPLY,
+    CLAIM_STRIDE,
+    ENQUEUE_ARGV,
+    ENQUEUE_STRIDE,
+    STATES,
+    TERMINAL_STATES,
+    ClaimedJob,
+    DedupeEntry,
+    EnqueueResult,
+    FailResult,
+    JobField,
+    JobRecord,
+    JobState,
+    PreparedJob,
+)
+
+PREPARED = PreparedJob(
+    tenant="acme",
+    job_id="J1",
+    request_id="req-1",
+    handler="email.send",
+    payload=b'{"to": "a@example.com"}',
+    priority=7,
+    run_at_ms=1_700_000_000_123,
+    max_attempts=3,
+    timeout_ms=9_000,
+    digest="0123456789abcdef",
+    max_pending=1_000,
+    rate_per_s=2.5,
+)
+
+#: One value per field of the job hash, as HGETALL returns them; distinct where types allow.
+FULL_HASH: dict[bytes, bytes] = {
+    b"t": b"acme",
+    b"r": b"req-1",
+    b"h": b"email.send",
+    b"p": b"{}",
+    b"pr": b"7",
+    b"s": b"active",
+    b"ra": b"1001",
+    b"ca": b"1000",
+    b"at": b"2",
+    b"ma": b"5",
+    b"to": b"9000",
+    b"f": b"42",
+    b"w": b"worker-1",
+    b"sa": b"1002",
+    b"fa": b"1003",
+    b"e": b"boom",
+    b"cx": b"1",
+}
+
+#: Header lines of an ARGV or reply entry list: "--   j=3   request_id   (string)   -> 'r'".
+ENTRY_RE = re.compile(r"^--\s+j=(\d+)\s+(\w+)\s+\([^)]*\)\s*(?:(?:->|<-) '(\w+)')?", re.MULTILINE)
+
+#: Record attributes whose hash field is named otherwise (a claim answers the attempt number).
+HASH_FIELD_OF = {"attempt": JobField.ATTEMPTS}
+
+
+def lua(name: str) -> str:
+    return (resources.files("shardq.shard") / "lua" / f"{name}.lua").read_text()
+
+
+def header_entries(name: str) -> list[tuple[int, str, str | None]]:
+    """(j, name, hash field or None) of each documented entry, in the order written."""
+    return [(int(j), n, f or None) for j, n, f in ENTRY_RE.findall(lua(name))]
+
+
+def hash_field(attribute: str) -> JobField | None:
+    if attribute in HASH_FIELD_OF:
+        return HASH_FIELD_OF[attribute]
+    return JobField.__members__.get(attribute.upper())
+
+
+# --- JobState -------------------------------------------------------------------------------
+
+
+def test_job_states_equal_the_strings_the_scripts_write() -> None:
+    assert JobState.SUCCEEDED == "succeeded"
+    assert STATES == ("scheduled", "ready", "active", "succeeded", "dead", "cancelled")
+    assert JobState.UNKNOWN not in STATES
+    assert set(TERMINAL_STATES) == {"succeeded", "dead", "cancelled"}
+    assert all(s.terminal == (s in ("succeeded", "dead", "cancelled")) for s in JobState)
+    assert f"{JobState.DEAD} jobs" == "dead jobs"
+
+
+@pytest.mark.parametrize(
+    ("raw", "state"),
+    [
+        (b"ready", JobState.READY),
+        ("cancelled", JobState.CANCELLED),
+        (b"", JobState.UNKNOWN),
+        ("", JobState.UNKNOWN),
+        (None, JobState.UNKNOWN),
+        (b"exploded", JobState.UNKNOWN),
+    ],
+)
+def test_a_state_parses_from_a_reply_or_a_hash(raw: bytes | str | None, state: JobState) -> None:
+    assert JobState.parse(raw) is state
+
+
+def test_every_state_a_script_writes_is_a_job_state() -> None:
+    written = set()
+    for path in (resources.files("shardq.shard") / "lua").iterdir():
+        code = "\n".join(ln for ln in path.read_text().splitlines() if not ln.startswith("--"))
+        written |= set(re.findall(r"'HSET', .*'s', '(\w+)'", code))
+        written |= set(re.findall(r"state = '(\w+)'", code))
+    assert written == set(STATES)
+
+
+# --- the job hash ----------------------------------------------------------------------------
+
+
+def test_every_record_attribute_but_the_id_is_one_hash_field() -> None:
+    attributes = [f.name for f in dataclasses.fields(JobRecord)]
+    assert attributes[0] == "job_id"
+    assert [f.attribute for f in JobField] == attributes[1:]
+    assert len({f.value for f in JobField}) == len(JobField)
+    assert set(JOB_FIELDS) == {f.value for f in JobField}
+
+
+def test_a_full_hash_reads_into_every_attribute() -> None:
+    rec = JobRecord.from_hash("J1", FULL_HASH)
+    assert rec == JobRecord(
+        job_id="J1", tenant="acme", request_id="req-1", handler="email.send", payload=b"{}",
+        priority=7, state=JobState.ACTIVE, run_at_ms=1001, created_at_ms=1000, attempts=2,
+        max_attempts=5, timeout_ms=9000, fence=42, worker_id="worker-1", started_at_ms=1002,
+        finished_at_ms=1003, last_error="boom", cancel_requested=True,
+    )  # fmt: skip
+    assert rec.state is JobState.ACTIVE
+
+
+def test_fields_missing_from_the_hash_read_as_zero_empty_or_false() -> None:
+    # A job just enqueued: no worker, start, finish, error or cancel yet.
+    fresh = {k: v for k, v in FULL_HASH.items() if k not in (b"w", b"sa", b"fa", b"e", b"cx")}
+    rec = JobRecord.from_hash("J1", fresh | {b"s": b"ready", b"at": b"0", b"f": b"0"})
+    assert (rec.worker_id, rec.started_at_ms, rec.finished_at_ms) == ("", 0, 0)
+    assert (rec.last_error, rec.cancel_requested, rec.state) == ("", False, JobState.READY)
+    bare = JobRecord.from_hash("J2", {b"t": b"acme", b"pr": b""})
+    assert bare == JobRecord(
+        job_id="J2", tenant="acme", request_id="", handler="", payload=b"", priority=0,
+        state=JobState.UNKNOWN, run_at_ms=0, created_at_ms=0, attempts=0, max_attempts=0,
+        timeout_ms=0, fence=0, worker_id="", started_at_ms=0, finished_at_ms=0, last_error="",
+        cancel_requested=False,
+    )  # fmt: skip
+
+
+def test_cancel_requested_is_only_the_flag_one() -> None:
+    assert not JobRecord.from_hash("J1", FULL_HASH | {b"cx": b"0"}).cancel_requested
+
+
+# --- enqueue.lua -----------------------------------------------------------------------------
+
+
+def test_to_argv_writes_every_field_in_the_declared_order() -> None:
+    argv = PREPARED.to_argv()
+    assert len(argv) == ENQUEUE_STRIDE == 12
+    by_name = dict(zip(ENQUEUE_ARGV, argv, strict=True))
+    assert by_name["rate_per_s"] == "2.5"  # a float as Lua's tonumber reads it
+    back = PreparedJob(**(by_name | {"rate_per_s": float(by_name["rate_per_s"])}))
+    assert back == PREPARED
+    assert by_name == dataclasses.asdict(PREPARED) | {"rate_per_s": "2.5"}
+
+
+def test_an_integral_rate_is_sent_as_a_float() -> None:
+    argv = dataclasses.replace(PREPARED, rate_per_s=0).to_argv()
+    assert argv[ENQUEUE_ARGV.index("rate_per_s")] == "0.0"
+
+
+def test_enqueue_lua_reads_the_fields_in_the_order_to_argv_writes_them() -> None:
+    entries = header_entries("enqueue")
+    assert [j for j, _, _ in entries] == list(range(1, ENQUEUE_STRIDE + 1))
+    assert tuple(name for _, name, _ in entries) == ENQUEUE_ARGV
+    for _, name, field in entries:
+        expected = hash_field(name)
+        assert field == (expected.value if expected else None), name
+    assert f"local STRIDE = {ENQUEUE_STRIDE}" in lua("enqueue")
+    # The code reads request_id as the third entry of a job, digest as the tenth.
+    assert "ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]" in lua("enqueue")
+
+
+def test_an_enqueue_reply_keeps_created_at_only_for_a_job_it_made() -> None:
+    made = EnqueueResult.from_reply([0, b"J1", b"ready", 0], now_ms=1_000)
+    assert made == EnqueueResult(ItemCode.OK, "J1", JobState.READY, 0, 1_000)
+    again = EnqueueResult.from_reply([1, b"J1", b"", 0], now_ms=2_000)
+    assert (again.code, again.state, again.created_at_ms) == (ItemCode.DEDUPLICATED, "", 0)
+    assert again.accepted and again.deduplicated
+    limited = EnqueueResult.from_reply([4, b"", b"", 250], now_ms=2_000)
+    assert (limited.accepted, limited.retry_after_ms) == (False, 250)
+
+
+def test_a_record_of_a_new_job_is_what_enqueue_lua_writes() -> None:
+    result = EnqueueResult(ItemCode.OK, "J1", JobState.SCHEDULED, 0, 1_000)
+    # enqueue.lua's HSET of a new job, from the ARGV of PREPARED and ARGV[1] = now = 1000.
+    written = {
+        b"t": b"acme", b"r": b"req-1", b"h": b"email.send", b"p": PREPARED.payload,
+        b"pr": b"7", b"s": b"scheduled", b"ra": b"1700000000123", b"ca": b"1000", b"at": b"0",
+        b"ma": b"3", b"to": b"9000", b"f": b"0",
+    }  # fmt: skip
+    assert JobRecord.of_new(PREPARED, result) == JobRecord.from_hash("J1", written)
+
+
+def test_a_dedupe_value_names_the_first_job_and_its_digest() -> None:
+    assert DedupeEntry.from_value(b"J1 0123abcd") == DedupeEntry("J1", "0123abcd")
+
+
+# --- claim.lua and fail.lua -------------------------------------------------------------------
+
+
+def claim_reply(*jobs: ClaimedJob) -> list[Any]:
+    """A claim reply as redis-py hands it over: strings as bytes, Lua numbers as ints."""
+    flat: list[Any] = []
+    for j in jobs:
+        flat += [
+            j.job_id.encode(), j.fence, j.tenant.encode(), j.request_id.encode(),
+            j.handler.encode(), j.payload, str(j.priority).encode(), str(j.run_at_ms).encode(),
+            str(j.created_at_ms).encode(), j.attempt, str(j.max_attempts).encode(),
+            str(j.timeout_ms).encode(),
+        ]  # fmt: skip
+    return flat
+
+
+def claimed(n: int) -> ClaimedJob:
+    return ClaimedJob(
+        job_id=f"J{n}", fence=10 + n, tenant=f"t{n}", request_id=f"req-{n}", handler=f"h{n}",
+        payload=b'{"n": %d}' % n, priority=n, run_at_ms=1_000 + n, created_at_ms=900 + n,
+        attempt=1 + n, max_attempts=5 + n, timeout_ms=9_000 + n,
+    )  # fmt: skip
+
+
+def test_a_claim_reply_of_several_jobs_reads_into_one_record_each() -> None:
+    jobs = [claimed(n) for n in range(3)]
+    flat = claim_reply(*jobs)
+    assert len(flat) == 3 * CLAIM_STRIDE
+    assert ClaimedJob.from_reply(flat) == jobs
+    assert ClaimedJob.from_reply([]) == []
+
+
+def test_a_claim_reply_cut_short_is_refused() -> None:
+    with pytest.raises(ValueError, match="12 per job"):
+        ClaimedJob.from_reply([b"J1", 1])
+
+
+def test_claim_lua_answers_the_fields_in_the_order_from_reply_reads_them() -> None:
+    entries = header_entries("claim")
+    assert [j for j, _, _ in entries] == list(range(1, CLAIM_STRIDE + 1))
+    assert tuple(name for _, name, _ in entries) == CLAIM_REPLY
+    for _, name, field in entries:
+        expected = hash_field(name)
+        assert field == (expected.value if expected else None), name
+    assert "out[n + 12]" in lua("claim") and "out[n + 13]" not in lua("claim")
+
+
+def test_a_fail_reply_reads_its_state() -> None:
+    assert FailResult.from_reply([0, b"dead"]) == FailResult(ItemCode.OK, JobState.DEAD)
+    assert FailResult.from_reply([5, b""]).state is JobState.UNKNOWN
