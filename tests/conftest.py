@@ -5,7 +5,11 @@ A missing redis-server (or Postgres, see tests/preflight.py) fails the run, neve
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import importlib.abc
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 
 import pytest
 from redis.asyncio import Redis
@@ -13,6 +17,24 @@ from redis.asyncio import Redis
 from shardq.coordinator.tools.redis_server import RedisProcess
 from shardq.shard import FakeClock, ShardClient, ShardSettings
 from tests.support.postgres import sqlalchemy_url, throwaway_database
+
+
+class _NoOldNames(importlib.abc.MetaPathFinder):
+    """The repository root is on sys.path while tests run, so its folders ``coordinator``,
+    ``shard`` and ``worker`` would import under their bare names: code that still spelled
+    one (``resources.files("shard")``) would pass here and fail once installed. Refused."""
+
+    OLD = frozenset({"coordinator", "shard", "worker"})
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname.partition(".")[0] in self.OLD:
+            raise ModuleNotFoundError(f"{fullname!r}: shardq installs it as 'shardq.{fullname}'")
+        return None
+
+
+sys.meta_path.insert(0, _NoOldNames())
 
 
 @pytest.fixture

@@ -8,36 +8,12 @@ import pytest
 from redis.asyncio import Redis
 
 from shardq.common.errors import FailedPrecondition, NotFound
-from shardq.shard import Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
-from shardq.shard.client import digest
+from shardq.shard import Failure, FakeClock, ItemCode, Lease, ShardClient
+from tests.support.shard import LEASE, NOW, dedupe, job, job_hash, seed
 from tests.support.state import dump, ttls
 
-NOW = 1_700_000_000_000
-LEASE = 30_000
 LATER = NOW + 500
-P = b"{}"
-DIGEST = digest("h", P)
-
-
-def job(jid: str = "J1", tenant: str = "acme", **kw: Any) -> NewJob:
-    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
-
-
-def job_hash(state: str, **over: str) -> dict[str, str]:
-    h = {
-        "t": "acme", "r": "rJ1", "h": "h", "p": "{}", "pr": "0", "s": state,
-        "ra": str(NOW), "ca": str(NOW), "at": "0", "ma": "5", "to": "300000", "f": "0",
-    }  # fmt: skip
-    h.update(over)
-    return h
-
-
-COMMON = {"sq:tenants": {"acme"}, "sq:dedupe:acme:rJ1": f"J1 {DIGEST}"}
-
-
-async def seed(shard: ShardClient, redis: Redis, *jobs: NewJob) -> None:
-    await shard.enqueue(list(jobs))
-    await redis.delete("sq:wake", "sq:promoter_wake")
+COMMON = {"sq:tenants": {"acme"}, **dedupe("J1")}
 
 
 async def test_cancelling_a_scheduled_job_ends_it_and_takes_it_off_the_delayed_sets(
@@ -47,7 +23,7 @@ async def test_cancelling_a_scheduled_job_ends_it_and_takes_it_off_the_delayed_s
     clock.set(LATER)
     assert await shard.cancel("acme", "J1") == (ItemCode.OK, "cancelled")
     assert await dump(redis) == {
-        "sq:job:J1": job_hash("cancelled", ra=str(NOW + 5_000), fa=str(LATER)),
+        "sq:job:J1": job_hash("J1", "cancelled", ra=str(NOW + 5_000), fa=str(LATER)),
         "sq:counts:acme": {"scheduled": "0", "submitted": "1"},
         **COMMON,
     }
@@ -64,7 +40,7 @@ async def test_cancelling_a_ready_job_ends_it_and_leaves_its_id_for_claim_to_ski
     clock.set(LATER)
     assert await shard.cancel("acme", "J1") == (ItemCode.OK, "cancelled")
     assert await dump(redis) == {
-        "sq:job:J1": job_hash("cancelled", fa=str(LATER)),
+        "sq:job:J1": job_hash("J1", "cancelled", fa=str(LATER)),
         "sq:ready:acme:0": ["J1"],
         "sq:ring:0": ["acme"],
         "sq:counts:acme": {"ready": "0", "submitted": "1"},

@@ -2,46 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import ClaimedJob, NewJob, ShardClient
-from shardq.shard.client import digest
+from shardq.shard import ClaimedJob, ShardClient
+from tests.support.shard import LEASE, NOW, P, claimed_hash, dedupe, job, job_hash, seed
 from tests.support.state import dump
-
-NOW = 1_700_000_000_000
-LEASE = 30_000
-P = b"{}"
-DIGEST = digest("h", P)
-
-
-def job(jid: str, tenant: str = "acme", **kw: Any) -> NewJob:
-    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
-
-
-def job_hash(jid: str, state: str, tenant: str = "acme", **over: str) -> dict[str, str]:
-    h = {
-        "t": tenant, "r": f"r{jid}", "h": "h", "p": "{}", "pr": "0", "s": state,
-        "ra": str(NOW), "ca": str(NOW), "at": "0", "ma": "5", "to": "300000", "f": "0",
-    }  # fmt: skip
-    h.update(over)
-    return h
 
 
 def active(jid: str, fence: int, tenant: str = "acme", **over: str) -> dict[str, str]:
-    return job_hash(jid, "active", tenant, at="1", f=str(fence), w="w1", sa=str(NOW), **over)
-
-
-def dedupe(*jids: str, tenant: str = "acme") -> dict[str, str]:
-    return {f"sq:dedupe:{tenant}:r{j}": f"{j} {DIGEST}" for j in jids}
-
-
-async def seed(shard: ShardClient, redis: Redis, *jobs: NewJob) -> None:
-    """Enqueue, then drop the wake-up tokens so the assertions show only what claim wrote."""
-    await shard.enqueue(list(jobs))
-    await redis.delete("sq:wake")
+    return claimed_hash(jid, "active", fence, tenant, **over)
 
 
 async def claim_ids(shard: ShardClient, max_jobs: int) -> list[str]:

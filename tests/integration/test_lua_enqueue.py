@@ -9,9 +9,10 @@ from redis.asyncio import Redis
 
 from shardq.shard import FakeClock, ItemCode, Limits, NewJob, ShardClient
 from shardq.shard.client import digest
+from tests.support.shard import NOW
+from tests.support.shard import job_hash as shard_job_hash
 from tests.support.state import dump, ttls
 
-NOW = 1_700_000_000_000
 P = b'{"to":"a@example.com"}'
 
 
@@ -27,12 +28,9 @@ def job(tenant: str = "acme", request_id: str = "r1", **kw: Any) -> NewJob:
 
 
 def job_hash(state: str, run_at: int = NOW, **over: str) -> dict[str, str]:
-    h = {
-        "t": "acme", "r": "r1", "h": "email.send", "p": P.decode(), "pr": "0", "s": state,
-        "ra": str(run_at), "ca": str(NOW), "at": "0", "ma": "5", "to": "300000", "f": "0",
-    }  # fmt: skip
-    h.update(over)
-    return h
+    """The hash of ``job()``: job J1 of request r1, handler email.send, payload P."""
+    this_job = {"r": "r1", "h": "email.send", "p": P.decode(), "ra": str(run_at)}
+    return shard_job_hash("J1", state, **(this_job | over))
 
 
 DEDUPE = f"J1 {digest('email.send', P)}"

@@ -7,43 +7,13 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
-from shardq.shard.client import digest
+from shardq.shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, ShardClient
 from shardq.shard.models import FailResult
+from tests.support.shard import LEASE, NOW, claimed, claimed_hash, dedupe, job
 from tests.support.state import dump, ttls
 
-NOW = 1_700_000_000_000
-LEASE = 30_000
 FAILED = NOW + 700
 RETRY = NOW + 10_000
-P = b"{}"
-DIGEST = digest("h", P)
-
-
-def job(jid: str, tenant: str = "acme", **kw: Any) -> NewJob:
-    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
-
-
-def job_hash(jid: str, state: str, fence: int, **over: str) -> dict[str, str]:
-    h = {
-        "t": "acme", "r": f"r{jid}", "h": "h", "p": "{}", "pr": "0", "s": state,
-        "ra": str(NOW), "ca": str(NOW), "at": "1", "ma": "5", "to": "300000",
-        "f": str(fence), "w": "w1", "sa": str(NOW),
-    }  # fmt: skip
-    h.update(over)
-    return h
-
-
-def dedupe(*jids: str) -> dict[str, str]:
-    return {f"sq:dedupe:acme:r{j}": f"{j} {DIGEST}" for j in jids}
-
-
-async def claimed(shard: ShardClient, redis: Redis, *jobs: NewJob) -> list[ClaimedJob]:
-    """Enqueue and claim the jobs, then drop the wake-up tokens."""
-    await shard.enqueue(list(jobs))
-    out = await shard.claim("w1", len(jobs), LEASE)
-    await redis.delete("sq:wake", "sq:promoter_wake")
-    return out
 
 
 def failure(c: ClaimedJob, **kw: Any) -> Failure:
@@ -59,7 +29,7 @@ async def test_a_failure_with_attempts_left_schedules_a_retry_at_retry_at(
         FailResult(ItemCode.OK, "scheduled")
     ]
     assert await dump(redis) == {
-        "sq:job:J1": job_hash("J1", "scheduled", 1, ra=str(RETRY), e="boom"),
+        "sq:job:J1": claimed_hash("J1", "scheduled", 1, ra=str(RETRY), e="boom"),
         "sq:fence": "1",
         "sq:scheduled": [("J1", RETRY)],
         "sq:tscheduled:acme": [("J1", RETRY)],
@@ -101,7 +71,7 @@ async def test_a_failure_on_the_last_attempt_sends_the_job_to_the_dead_set(
     clock.set(FAILED)
     assert await shard.fail([failure(c, retry_at_ms=RETRY)]) == [FailResult(ItemCode.OK, "dead")]
     assert await dump(redis) == {
-        "sq:job:J1": job_hash("J1", "dead", 1, ma="1", fa=str(FAILED), e="boom"),
+        "sq:job:J1": claimed_hash("J1", "dead", 1, ma="1", fa=str(FAILED), e="boom"),
         "sq:fence": "1",
         "sq:dead:acme": [("J1", FAILED)],
         "sq:counts:acme": {
@@ -137,7 +107,7 @@ async def test_a_permanent_failure_is_dead_at_once_whatever_attempts_remain(
         FailResult(ItemCode.OK, "dead")
     ]
     state = await dump(redis)
-    assert state["sq:job:J1"] == job_hash("J1", "dead", 1, ma="10", fa=str(FAILED), e="boom")
+    assert state["sq:job:J1"] == claimed_hash("J1", "dead", 1, ma="10", fa=str(FAILED), e="boom")
     assert state["sq:dead:acme"] == [("J1", FAILED)]
     assert "sq:scheduled" not in state
 
@@ -152,7 +122,7 @@ async def test_a_failure_of_a_job_cancelled_while_active_ends_it_as_cancelled(
         FailResult(ItemCode.CANCELLED, "cancelled")
     ]
     assert await dump(redis) == {
-        "sq:job:J1": job_hash("J1", "cancelled", 1, cx="1", fa=str(FAILED), e="boom"),
+        "sq:job:J1": claimed_hash("J1", "cancelled", 1, cx="1", fa=str(FAILED), e="boom"),
         "sq:fence": "1",
         "sq:counts:acme": {"ready": "0", "active": "0", "submitted": "1", "failed": "1"},
         "sq:tenants": {"acme"},

@@ -5,7 +5,6 @@ nothing; a crash between any two steps loses and duplicates nothing."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -14,15 +13,8 @@ from shardq.coordinator.tools.redis_server import RedisProcess
 from shardq.shard import Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient, ShardSettings
 from shardq.shard.models import ScheduleSpec
 from shardq.shard.moving import ShardSide, fence_map
+from tests.support.shard import LEASE, NOW, P, job
 from tests.support.state import dump
-
-NOW = 1_700_000_000_000
-P = b"{}"
-LEASE = 30_000
-
-
-def job(jid: str, tenant: str = "acme", **kw: Any) -> NewJob:
-    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
 
 
 @pytest.fixture
@@ -170,7 +162,7 @@ async def test_finished_jobs_and_dedupe_keys_move_once_nothing_runs_on_the_sourc
     keys = await src.dedupe_keys()
     assert sorted(d.request_id for d in keys) == [f"rJ{i}" for i in range(1, 7)]
     finished = [j for j in await src.read_jobs([d.job_id for d in keys]) if j.state in
-                (b"succeeded", b"cancelled")]  # fmt: skip
+                ("succeeded", "cancelled")]  # fmt: skip
     assert sorted(j.job_id for j in finished) == ["J3", "J5", "J6"]
     await dst.put(jobs=finished, dedupe=keys)
     await src.drop(job_ids=[j.job_id for j in finished], dedupe=keys)

@@ -2,47 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
-from shardq.shard.client import digest
+from shardq.shard import Failure, FakeClock, ItemCode, Lease, ShardClient
 from shardq.shard.models import FailResult
+from tests.support.shard import LEASE, NOW, claimed, claimed_hash, dedupe, job
 from tests.support.state import dump, ttls
 
-NOW = 1_700_000_000_000
-LEASE = 30_000
 EXPIRED = NOW + LEASE
-P = b"{}"
-DIGEST = digest("h", P)
-
-
-def job(jid: str, tenant: str = "acme", **kw: Any) -> NewJob:
-    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
-
-
-def job_hash(jid: str, state: str, fence: int, **over: str) -> dict[str, str]:
-    h = {
-        "t": "acme", "r": f"r{jid}", "h": "h", "p": "{}", "pr": "0", "s": state,
-        "ra": str(NOW), "ca": str(NOW), "at": "1", "ma": "5", "to": "300000",
-        "f": str(fence), "w": "w1", "sa": str(NOW),
-    }  # fmt: skip
-    h.update(over)
-    return h
-
-
-def dedupe(*jids: str) -> dict[str, str]:
-    return {f"sq:dedupe:acme:r{j}": f"{j} {DIGEST}" for j in jids}
-
-
-async def claimed(shard: ShardClient, redis: Redis, *jobs: NewJob) -> list[ClaimedJob]:
-    """Enqueue and claim the jobs, then drop the wake-up tokens."""
-    await shard.enqueue(list(jobs))
-    out = await shard.claim("w1", len(jobs), LEASE)
-    await redis.delete("sq:wake")
-    return out
 
 
 async def test_reap_on_an_empty_shard_takes_nothing(shard: ShardClient, redis: Redis) -> None:
@@ -73,7 +41,7 @@ async def test_an_expired_lease_returns_the_job_to_ready_and_wakes_a_worker(
     clock.set(EXPIRED)
     assert await shard.reap() == (1, 0)
     assert await dump(redis) == {
-        "sq:job:J1": job_hash("J1", "ready", 1, pr="6", e="lease expired"),
+        "sq:job:J1": claimed_hash("J1", "ready", 1, pr="6", e="lease expired"),
         "sq:fence": "1",
         "sq:ready:acme:6": ["J1"],
         "sq:ring:6": ["acme"],
@@ -91,7 +59,7 @@ async def test_an_expired_lease_on_the_last_attempt_sends_the_job_to_the_dead_se
     clock.set(EXPIRED)
     assert await shard.reap() == (0, 1)
     assert await dump(redis) == {
-        "sq:job:J1": job_hash("J1", "dead", 1, ma="1", fa=str(EXPIRED), e="lease expired"),
+        "sq:job:J1": claimed_hash("J1", "dead", 1, ma="1", fa=str(EXPIRED), e="lease expired"),
         "sq:fence": "1",
         "sq:dead:acme": [("J1", EXPIRED)],
         "sq:counts:acme": {
@@ -110,7 +78,7 @@ async def test_an_expired_lease_of_a_job_cancelled_while_active_ends_it_as_cance
     clock.set(EXPIRED)
     assert await shard.reap() == (0, 0)
     assert await dump(redis) == {
-        "sq:job:J1": job_hash("J1", "cancelled", 1, cx="1", fa=str(EXPIRED), e="lease expired"),
+        "sq:job:J1": claimed_hash("J1", "cancelled", 1, cx="1", fa=str(EXPIRED), e="lease expired"),
         "sq:fence": "1",
         "sq:counts:acme": {"ready": "0", "active": "0", "submitted": "1", "failed": "1"},
         "sq:tenants": {"acme"},

@@ -7,8 +7,6 @@ from redis.asyncio import Redis
 from shardq.shard import FakeClock, ItemCode, Lease, NewJob, ShardClient
 from tests.support.state import dump
 
-NOW = 1_700_000_000_000
-
 
 async def claim_one(shard: ShardClient, rid: str = "r1") -> Lease:
     await shard.enqueue([NewJob("acme", "h", b"{}", rid, job_id=f"J{rid}", priority=3)])

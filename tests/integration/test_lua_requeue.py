@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from redis.asyncio import Redis
 
 from shardq.shard import Failure, FakeClock, NewJob, ShardClient
-from shardq.shard.client import digest
+from tests.support.shard import DIGEST, LEASE, NOW, job
 from tests.support.state import dump
 
-NOW = 1_700_000_000_000
-LEASE = 30_000
 DIED = NOW + 100
-P = b"{}"
-DIGEST = digest("h", P)
-
-
-def job(jid: str, tenant: str = "acme", **kw: Any) -> NewJob:
-    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
 
 
 async def kill(shard: ShardClient, clock: FakeClock, *jobs: NewJob) -> None:

@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 from shardq.common.errors import NotFound, ResourceExhausted
 from shardq.shard import FakeClock, ItemCode, NewJob, ScheduleSpec, ShardClient
 from shardq.shard.models import DueTick, Schedule
+from tests.support.shard import NOW  # 2023-11-14 22:13:20 UTC
 from tests.support.state import dump
 
-NOW = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC
 EVERY_5_MIN_TICK = 1_700_000_100_000  # 22:15:00 UTC
 NINE_UTC_TICK = 1_700_038_800_000  # 2023-11-15 09:00 UTC
 NINE_PARIS_TICK = 1_700_035_200_000  # 2023-11-15 09:00 Europe/Paris (08:00 UTC)

@@ -25,15 +25,10 @@ from shardq.shard import (
 )
 from shardq.shard.moving import ShardSide, fence_map
 from shardq.shard.scripts import SCRIPT_NAMES
+from tests.support.shard import LEASE, NOW, job
 from tests.support.state import dump
 
-NOW = 1_700_000_000_000
-LEASE = 30_000
 DAY = 86_400_000
-
-
-def job(jid: str, tenant: str = "acme", **kw: Any) -> NewJob:
-    return NewJob(tenant=tenant, handler="h", payload=b"{}", request_id=f"r{jid}", job_id=jid, **kw)
 
 
 async def enqueue_many(shard: ShardClient, jobs: list[NewJob]) -> None:

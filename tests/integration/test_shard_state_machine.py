@@ -40,10 +40,11 @@ from shardq.shard import FakeClock, ItemCode, Lease, Limits, NewJob, ShardClient
 from shardq.shard.keys import TERMINAL_STATES
 from shardq.shard.models import Failure
 from tests.support.model import COUNTERS, GAUGES, ModelJob, ShardModel, Submit
+from tests.support.shard import NOW
+from tests.support.state import snapshot
 
 T = TypeVar("T")
 
-START_MS = 1_700_000_000_000
 P = "sq"  # key prefix
 TENANTS = ("acme", "bravo", "chi")
 REQUEST_IDS = tuple(f"req-{i}" for i in range(6))
@@ -79,46 +80,6 @@ submits = st.fixed_dictionaries(
 
 
 # --- reading the keyspace ---------------------------------------------------------------
-
-
-def _d(b: bytes) -> str:
-    return b.decode()
-
-
-#: Reads the whole keyspace in one round trip: {key, type, value} per key.
-DUMP_LUA = """
-local out = {}
-for _, k in ipairs(redis.call('KEYS', '*')) do
-  local t = redis.call('TYPE', k)['ok']
-  local v
-  if t == 'string' then v = redis.call('GET', k)
-  elseif t == 'hash' then v = redis.call('HGETALL', k)
-  elseif t == 'list' then v = redis.call('LRANGE', k, 0, -1)
-  elseif t == 'set' then v = redis.call('SMEMBERS', k)
-  else v = redis.call('ZRANGE', k, 0, -1, 'WITHSCORES') end
-  out[#out + 1] = {k, t, v}
-end
-return out
-"""
-
-
-async def snapshot(redis: Redis) -> dict[str, Any]:
-    """Every key and its value (zsets as [(member, int score)])."""
-    r: Any = redis
-    out: dict[str, Any] = {}
-    for k, raw_kind, v in await r.eval(DUMP_LUA, 0):
-        key, kind = _d(k), _d(raw_kind)
-        if kind == "string":
-            out[key] = _d(v)
-        elif kind == "hash":
-            out[key] = {_d(f): _d(x) for f, x in zip(v[::2], v[1::2], strict=True)}
-        elif kind == "list":
-            out[key] = [_d(x) for x in v]
-        elif kind == "set":
-            out[key] = {_d(x) for x in v}
-        else:
-            out[key] = [(_d(m), int(sc)) for m, sc in zip(v[::2], v[1::2], strict=True)]
-    return out
 
 
 def _members(value: Any) -> list[str]:
@@ -258,9 +219,9 @@ class ShardJobsMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop, self.redis = loop, redis
         self.run(redis.flushall())
-        self.clock = FakeClock(START_MS)
+        self.clock = FakeClock(NOW)
         self.shard = ShardClient(redis, ShardSettings(key_prefix=P), self.clock)
-        self.model = ShardModel(now=START_MS)
+        self.model = ShardModel(now=NOW)
         #: Every lease any claim handed out, current or long stale.
         self.issued: list[Lease] = []
         self.highest_fence = 0

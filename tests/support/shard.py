@@ -1,0 +1,114 @@
+"""What the shard tests (the Lua scripts one by one, and the shard's properties) build from.
+
+The fake clock's start, the lease they claim with, the job they submit and the hash enqueue
+writes for it, its dedupe key, the seeding steps (enqueue, then claim) and the ways a lease
+goes stale. One copy here, so that a change to what a script writes is made in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from shardq.shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, NewJob, ShardClient
+from shardq.shard.client import digest
+
+#: The FakeClock's start (the ``clock`` fixture in tests/conftest.py).
+NOW = 1_700_000_000_000
+LEASE = 30_000
+P = b"{}"
+DIGEST = digest("h", P)
+
+
+def job(jid: str = "J1", tenant: str = "acme", **kw: Any) -> NewJob:
+    """Job ``jid`` of handler ``h`` with payload ``P``; its request ID is ``r`` + ``jid``."""
+    return NewJob(tenant=tenant, handler="h", payload=P, request_id=f"r{jid}", job_id=jid, **kw)
+
+
+def job_hash(jid: str, state: str, tenant: str = "acme", **over: str) -> dict[str, str]:
+    """The hash enqueue writes for ``job(jid, tenant)`` at NOW, in ``state``, fields overridden."""
+    h = {
+        "t": tenant, "r": f"r{jid}", "h": "h", "p": P.decode(), "pr": "0", "s": state,
+        "ra": str(NOW), "ca": str(NOW), "at": "0", "ma": "5", "to": "300000", "f": "0",
+    }  # fmt: skip
+    h.update(over)
+    return h
+
+
+def claimed_hash(
+    jid: str, state: str, fence: int, tenant: str = "acme", **over: str
+) -> dict[str, str]:
+    """The hash of ``job(jid, tenant)`` once worker w1 claimed it at NOW with ``fence``."""
+    claim = {"at": "1", "f": str(fence), "w": "w1", "sa": str(NOW)}
+    return job_hash(jid, state, tenant, **(claim | over))
+
+
+def dedupe(*jids: str, tenant: str = "acme") -> dict[str, str]:
+    """The dedupe keys of ``job(jid, tenant)`` for each of ``jids``."""
+    return {f"sq:dedupe:{tenant}:r{j}": f"{j} {DIGEST}" for j in jids}
+
+
+async def seed(shard: ShardClient, redis: Redis, *jobs: NewJob) -> None:
+    """Enqueue, then drop the wake-up tokens so the assertions show only what came after."""
+    await shard.enqueue(list(jobs))
+    await redis.delete("sq:wake", "sq:promoter_wake")
+
+
+async def claimed(shard: ShardClient, redis: Redis, *jobs: NewJob) -> list[ClaimedJob]:
+    """Enqueue and claim the jobs as worker w1, then drop the wake-up tokens."""
+    await shard.enqueue(list(jobs))
+    out = await shard.claim("w1", len(jobs), LEASE)
+    await redis.delete("sq:wake", "sq:promoter_wake")
+    return out
+
+
+# --- ways the lease of a claimed job goes stale ------------------------------------------------
+
+#: Given the shard, a job just claimed and the clock, leaves the claim stale and returns its lease.
+MakeStale = Callable[[ShardClient, ClaimedJob, FakeClock], Awaitable[Lease]]
+
+
+async def _wrong_fence(shard: ShardClient, c: ClaimedJob, clock: FakeClock) -> Lease:
+    return Lease(c.job_id, c.fence + 1)
+
+
+async def _acked(shard: ShardClient, c: ClaimedJob, clock: FakeClock) -> Lease:
+    assert await shard.ack([Lease(c.job_id, c.fence)]) == [ItemCode.OK]
+    return Lease(c.job_id, c.fence)
+
+
+async def _failed(shard: ShardClient, c: ClaimedJob, clock: FakeClock) -> Lease:
+    await shard.fail([Failure(c.job_id, c.fence, c.attempt, "boom", retry_at_ms=NOW + 10_000)])
+    return Lease(c.job_id, c.fence)
+
+
+async def _reaped(shard: ShardClient, c: ClaimedJob, clock: FakeClock) -> Lease:
+    clock.advance(LEASE)
+    assert await shard.reap() == (1, 0)
+    return Lease(c.job_id, c.fence)
+
+
+async def _reaped_and_reclaimed(shard: ShardClient, c: ClaimedJob, clock: FakeClock) -> Lease:
+    await _reaped(shard, c, clock)
+    (again,) = await shard.claim("w2", 1, LEASE)
+    assert again.job_id == c.job_id
+    assert again.fence == c.fence + 1
+    return Lease(c.job_id, c.fence)
+
+
+async def _missing_job(shard: ShardClient, c: ClaimedJob, clock: FakeClock) -> Lease:
+    return Lease("NOSUCHJOB", c.fence)
+
+
+#: Every way a lease goes stale, as parameters of a test taking ``make_stale: MakeStale``.
+STALE_LEASES = [
+    pytest.param(_wrong_fence, id="wrong-fence"),
+    pytest.param(_acked, id="acked"),
+    pytest.param(_failed, id="failed"),
+    pytest.param(_reaped, id="reaped"),
+    pytest.param(_reaped_and_reclaimed, id="reaped-and-reclaimed"),
+    pytest.param(_missing_job, id="missing-job"),
+]
