@@ -1,7 +1,7 @@
-"""The coordinator's Postgres schema (SQLAlchemy Core) and engine factories.
+"""shardq's Postgres schema (SQLAlchemy Core) and engine factories.
 
 This ``metadata`` is what the code queries; the alembic revisions under
-``coordinator/migrations/versions`` are what creates it, spelled out by hand so a migration
+``shardq/store/migrations/versions`` are what creates it, spelled out by hand so a migration
 never changes because the models did. ``tests/integration/test_migrations.py`` checks the two
 agree.
 
@@ -167,7 +167,7 @@ def psycopg_dsn(url: str) -> str:
 
 
 def make_engine(url: str) -> AsyncEngine:
-    """The async engine every coordinator component shares (one pool per process).
+    """The async engine a process's components share (one pool per process).
 
     ``pool_pre_ping`` because Postgres restarts and failovers leave dead pooled connections
     that would otherwise fail the first request after them.

@@ -1,4 +1,4 @@
-"""Run the coordinator's alembic migrations from code (``shardq migrate``, a Helm hook, tests).
+"""Run shardq's alembic migrations from code (``shardq migrate``, a Helm hook, tests).
 
 No ``alembic.ini`` is needed: the Config is built here with the migrations' package path.
 Every coordinator replica or hook may call :func:`upgrade` at start-up at the same time:
