@@ -81,9 +81,9 @@ async def build_server(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="shardq-coordinator", description=__doc__)
     config.add(p, "--listen", "0.0.0.0:50051", "gRPC host:port")
-    config.add(p, "--database-url", "", "Postgres URL (shard map, tokens, results)")
-    config.add(p, "--key-prefix", "shardq", "prefix of every Redis key")
-    config.add(p, "--redis-password", "", "password of the shards' Redis")
+    config.add_database_url(p, "Postgres URL (shard map, tokens, results)")
+    config.add_key_prefix(p)
+    config.add_redis_password(p)
     config.add(p, "--tls-cert-file", "", "PEM certificate chain for gRPC TLS")
     config.add(p, "--tls-key-file", "", "PEM private key for gRPC TLS")
     config.add(p, "--tls-client-ca-file", "", "PEM CA: require client certificates from it")
@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--max-payload-bytes", 1_048_576, "largest payload accepted", int)
     config.add(p, "--metrics-port", 9090, "HTTP port for /metrics and /healthz (-1: off)", int)
     config.add(p, "--shutdown-grace-s", 10.0, "time in-flight calls get on SIGTERM", float)
-    config.add(p, "--log-level", "INFO", "logging level")
+    config.add_log_level(p)
     return p.parse_args(argv)
 
 

@@ -20,16 +20,16 @@ from shardq.shard.models import ShardSettings
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="shardq-shard", description=__doc__)
     config.add(p, "--redis-url", "redis://127.0.0.1:6379/0", "this shard's Redis")
-    config.add(p, "--redis-password", "", "password for the shard's Redis")
+    config.add_redis_password(p, "password for the shard's Redis")
     config.add(p, "--shard-id", 0, "this shard's ID (metrics labels)", int)
-    config.add(p, "--key-prefix", "shardq", "prefix of every Redis key")
+    config.add_key_prefix(p)
     config.add(p, "--leader-ttl-ms", 5_000, "leader lease length", int)
     config.add(p, "--reap-interval-ms", 1_000, "how often expired leases are reaped", int)
     config.add(p, "--load-interval-s", 10.0, "how often tenant load is sampled (0: off)", float)
     config.add(p, "--load-top-tenants", 50, "tenants with their own gauges on /metrics", int)
     config.add(p, "--instance-id", default_instance_id(), "name of this loop in the lease")
     config.add(p, "--metrics-port", 9091, "HTTP port for /metrics and /healthz (0: any)", int)
-    config.add(p, "--log-level", "INFO", "logging level")
+    config.add_log_level(p)
     return p.parse_args(argv)
 
 

@@ -24,7 +24,7 @@ import grpc
 
 from shardq.client import AsyncClient, RetryPolicy, job_spec
 from shardq.common.errors import Unauthenticated
-from shardq.coordinator.tools.dev import default_data_dir
+from shardq.coordinator.tools.data_dir import default_data_dir, read_tokens, tokens_path
 from shardq.v1 import common_pb2
 
 DEFAULT_TENANTS = "acme,globex,initech"
@@ -35,34 +35,27 @@ TERMINAL = {
     common_pb2.JOB_STATE_CANCELLED,
 }
 
-#: ``shardq demo``'s own arguments (cli.py adds the API connection options).
-ARGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-    (
-        ("--tenants",),
-        {
-            "default": DEFAULT_TENANTS,
-            "help": f"comma-separated tenants (default {DEFAULT_TENANTS})",
-        },
-    ),
-    (
-        ("--scale",),
-        {"type": int, "default": 1, "help": "multiply the number of jobs (default 1)"},
-    ),
-    (
-        ("--wait",),
-        {
-            "action": "store_true",
-            "help": "wait until every job submitted has finished, then print a summary",
-        },
-    ),
-    (
-        ("--data-dir",),
-        {
-            "default": str(default_data_dir()),
-            "help": "without --token: use the admin token `shardq dev` stored here",
-        },
-    ),
-]
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``shardq demo``'s own arguments (the CLI adds the API connection options)."""
+    parser.add_argument(
+        "--tenants",
+        default=DEFAULT_TENANTS,
+        help=f"comma-separated tenants (default {DEFAULT_TENANTS})",
+    )
+    parser.add_argument(
+        "--scale", type=int, default=1, help="multiply the number of jobs (default 1)"
+    )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until every job submitted has finished, then print a summary",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=str(default_data_dir()),
+        help="without --token: use the admin token `shardq dev` stored here",
+    )
 
 
 def workload(scale: int = 1, rng: random.Random | None = None) -> list[common_pb2.JobSpec]:
@@ -147,16 +140,14 @@ async def _wait_all(
 
 
 def admin_token_from(data_dir: str) -> str:
-    path = Path(data_dir).expanduser() / "tokens.json"
-    try:
-        token = json.loads(path.read_text()).get("admin", "")
-    except (OSError, ValueError):
-        token = ""
+    """The admin token ``shardq dev`` stored in ``data_dir``."""
+    path = tokens_path(data_dir)
+    token = read_tokens(path).admin
     if not token:
         raise Unauthenticated(
             f"no token: pass --token ADMIN_TOKEN (or SHARDQ_TOKEN); {path} has none"
         )
-    return str(token)
+    return token
 
 
 def run(args: argparse.Namespace) -> Awaitable[int]:

@@ -1,7 +1,10 @@
 """Settings from flags with ``SHARDQ_*`` environment variables as their defaults.
 
 Every component reads its settings this way, so a flag and its variable always agree:
-``--leader-ttl-ms`` is ``SHARDQ_LEADER_TTL_MS``.
+``--leader-ttl-ms`` is ``SHARDQ_LEADER_TTL_MS``. The flags several programs take are declared
+here once each (``add_database_url``, ``add_redis_password``, ``add_key_prefix``,
+``add_log_level``, ``add_api_connection``): name, default and variable in one place, and
+docs/configuration.md lists them all.
 """
 
 from __future__ import annotations
@@ -13,19 +16,74 @@ import os
 from typing import Any
 from urllib.parse import quote
 
+#: The programs' variables are ``SHARDQ_<FLAG>``; ``shardq dev`` uses ``SHARDQ_DEV_<FLAG>``.
+ENV_PREFIX = "SHARDQ_"
 
-def env_name(flag: str) -> str:
-    return "SHARDQ_" + flag.lstrip("-").replace("-", "_").upper()
+
+def env_name(flag: str, env_prefix: str = ENV_PREFIX) -> str:
+    return env_prefix + flag.lstrip("-").replace("-", "_").upper()
 
 
 def add(
-    parser: argparse.ArgumentParser, flag: str, default: Any, help: str, type: Any = str
+    parser: argparse.ArgumentParser,
+    flag: str,
+    default: Any,
+    help: str,
+    type: Any = str,
+    *,
+    env_prefix: str = ENV_PREFIX,
 ) -> None:
-    """Add ``flag`` whose default comes from its SHARDQ_ variable, else ``default``."""
-    var = env_name(flag)
+    """Add ``flag`` whose default comes from its variable (an empty one counts as unset), else
+    ``default``; the help names both."""
+    var = env_name(flag, env_prefix)
     raw = os.environ.get(var)
     value = type(raw) if raw not in (None, "") else default
     parser.add_argument(flag, default=value, type=type, help=f"{help} [{var}; default {default!r}]")
+
+
+# -- flags of several programs, each declared once --------------------------------------------
+# ``help`` says what this program does with the setting; name, default and variable stay here.
+
+
+def add_database_url(
+    parser: argparse.ArgumentParser,
+    help: str = "Postgres URL (postgresql://user@host/db)",
+    *,
+    env_prefix: str = ENV_PREFIX,
+) -> None:
+    """``--database-url`` [SHARDQ_DATABASE_URL], no default (each program says if it needs one)."""
+    add(parser, "--database-url", "", help, env_prefix=env_prefix)
+
+
+def add_redis_password(
+    parser: argparse.ArgumentParser, help: str = "password of the shards' Redis"
+) -> None:
+    """``--redis-password`` [SHARDQ_REDIS_PASSWORD], none by default."""
+    add(parser, "--redis-password", "", help)
+
+
+def add_key_prefix(parser: argparse.ArgumentParser, *, env_prefix: str = ENV_PREFIX) -> None:
+    """``--key-prefix`` [SHARDQ_KEY_PREFIX]: every program of a cluster must agree on it."""
+    add(parser, "--key-prefix", "shardq", "prefix of every Redis key", env_prefix=env_prefix)
+
+
+def add_log_level(
+    parser: argparse.ArgumentParser, help: str = "logging level", *, env_prefix: str = ENV_PREFIX
+) -> None:
+    """``--log-level`` [SHARDQ_LOG_LEVEL], INFO by default."""
+    add(parser, "--log-level", "INFO", help, env_prefix=env_prefix)
+
+
+def add_api_connection(parser: argparse.ArgumentParser) -> None:
+    """How a user of the API reaches the coordinator: ``--coordinator``, ``--token``,
+    ``--tenant``, ``--tls`` and ``--ca-file`` (the ``shardq`` commands over gRPC)."""
+    add(parser, "--coordinator", "127.0.0.1:50051", "the coordinator's host:port")
+    add(parser, "--token", "", "bearer token (a tenant's, or the admin token)")
+    parser.add_argument(
+        "--tenant", default="", help="tenant to act on (required with the admin token)"
+    )
+    parser.add_argument("--tls", action="store_true", help="connect with TLS (system CAs)")
+    parser.add_argument("--ca-file", default="", help="PEM CA to verify the server (implies TLS)")
 
 
 def redis_url_with_password(url: str, password: str) -> str:

@@ -1,0 +1,172 @@
+"""``shardq shards ...``: the shard map in the database (init, sync, show, weight) and the
+changes that move tenants live (pin, unpin, add, drain, remove). ``shardq shards map``, the
+map as the coordinator serves it, is an API command (``cli/api/shards.py``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from shardq.common.placement import DRAINING
+from shardq.coordinator.cli.command import CommandError, Commands, arg
+from shardq.coordinator.cli.ops.database import engine_for
+from shardq.coordinator.cli.ops.placement import PLACEMENT_ARGS, change_placement, pin, unpin
+from shardq.coordinator.cli.ops.render import map_as_json, print_map, report_change
+from shardq.coordinator.cli.terminal import print_json
+from shardq.coordinator.placement import ShardMap
+from shardq.coordinator.shardmap import MapNotInitialized, ShardMapStore
+
+commands = Commands("database", groups={"shards": "the shard map: shards, weights, slots and pins"})
+
+_ADDRESS_HELP = (
+    "a shard's Redis host:port, once per shard in shard-ID order; or once with {i} in it, "
+    "expanded for each of --shards (e.g. shardq-shard-{i}.shardq-shard:6379)"
+)
+
+_SHARD_ARGS = (
+    arg("--address", action="append", required=True, metavar="HOST:PORT", help=_ADDRESS_HELP),
+    arg("--shards", type=int, help="number of shards (default: number of --address)"),
+    arg("--weight", action="append", type=int, help="each shard's weight, in order (default 1)"),
+)
+
+
+def shard_addresses(args: argparse.Namespace) -> list[str]:
+    addresses: list[str] = args.address
+    count: int | None = args.shards
+    if len(addresses) == 1 and "{i}" in addresses[0]:
+        if count is None:
+            raise CommandError("--shards is needed with an {i} address template")
+        return [addresses[0].replace("{i}", str(i)) for i in range(count)]
+    if count is not None and count != len(addresses):
+        raise CommandError(f"--shards {count} but {len(addresses)} --address given")
+    return addresses
+
+
+async def _load_or_none(store: ShardMapStore) -> ShardMap | None:
+    try:
+        return await store.load()
+    except MapNotInitialized:
+        return None
+
+
+@commands.add(
+    "shards", "init", help="create the shard map (a no-op if it already matches)", args=_SHARD_ARGS
+)
+async def shards_init(args: argparse.Namespace) -> int:
+    addresses = shard_addresses(args)
+    async with engine_for(args) as engine:
+        store = ShardMapStore(engine)
+        before = await _load_or_none(store)
+        if before is not None:
+            current = [before.shards[i].address for i in sorted(before.shards)]
+            if current != addresses:
+                raise CommandError(
+                    f"the shard map exists with {len(current)} shards ({', '.join(current)}); "
+                    "use `shardq shards sync` to change it"
+                )
+        after = await store.sync_shards(addresses, args.weight)
+    report_change(before, after)
+    return 0
+
+
+@commands.add(
+    "shards",
+    "sync",
+    help="make shards 0..N-1 have these addresses (and weights); new shards get their slots "
+    "and the tenants on those slots move there live",
+    args=(*_SHARD_ARGS, *PLACEMENT_ARGS),
+)
+async def shards_sync(args: argparse.Namespace) -> int:
+    addresses = shard_addresses(args)
+    async with engine_for(args) as engine:
+        before = await _load_or_none(ShardMapStore(engine))
+    if before is None:  # a first sync creates the map: no tenant anywhere yet
+        async with engine_for(args) as engine:
+            after = await ShardMapStore(engine).sync_shards(addresses, args.weight)
+        report_change(before, after)
+        return 0
+    return await change_placement(args, lambda store: store.sync_shards(addresses, args.weight))
+
+
+@commands.add(
+    "shards",
+    "show",
+    help="print the shard map: shards, slot ranges, pins and moves",
+    args=(arg("--json", action="store_true", help="print JSON"),),
+)
+async def shards_show(args: argparse.Namespace) -> int:
+    async with engine_for(args) as engine:
+        smap = await ShardMapStore(engine).load()
+    if args.json:
+        print_json(map_as_json(smap))
+    else:
+        print_map(smap)
+    return 0
+
+
+@commands.add(
+    "shards",
+    "weight",
+    help="set one shard's weight and move the fewest slots to match (0 empties it)",
+    args=(arg("shard_id", type=int), arg("weight", type=int)),
+)
+async def shards_weight(args: argparse.Namespace) -> int:
+    async with engine_for(args) as engine:
+        store = ShardMapStore(engine)
+        before = await store.load()
+        after = await store.set_weight(args.shard_id, args.weight)
+    report_change(before, after)
+    return 0
+
+
+@commands.add(
+    "shards",
+    "pin",
+    help="the same as `shardq tenants pin`",
+    args=(arg("tenant_id"), arg("shard_id", type=int), *PLACEMENT_ARGS),
+)
+async def shards_pin(args: argparse.Namespace) -> int:
+    return await pin(args)
+
+
+@commands.add(
+    "shards",
+    "unpin",
+    help="the same as `shardq tenants unpin`",
+    args=(arg("tenant_id"), *PLACEMENT_ARGS),
+)
+async def shards_unpin(args: argparse.Namespace) -> int:
+    return await unpin(args)
+
+
+@commands.add(
+    "shards",
+    "add",
+    help="add a shard (the next ID) and give it its share of slots, moving their tenants live",
+    args=(
+        arg("address", metavar="HOST:PORT"),
+        arg("--weight", type=int, default=1),
+        *PLACEMENT_ARGS,
+    ),
+)
+async def shards_add(args: argparse.Namespace) -> int:
+    return await change_placement(args, lambda store: store.add_shard(args.address, args.weight))
+
+
+@commands.add(
+    "shards",
+    "drain",
+    help="give a shard's slots to the others, moving its tenants off it live",
+    args=(arg("shard_id", type=int), *PLACEMENT_ARGS),
+)
+async def shards_drain(args: argparse.Namespace) -> int:
+    return await change_placement(args, lambda store: store.set_state(args.shard_id, DRAINING))
+
+
+@commands.add(
+    "shards",
+    "remove",
+    help="take a drained, empty shard (the last ID) out of the map",
+    args=(arg("shard_id", type=int), *PLACEMENT_ARGS),
+)
+async def shards_remove(args: argparse.Namespace) -> int:
+    return await change_placement(args, lambda store: store.remove_shard(args.shard_id))
