@@ -37,7 +37,14 @@ EXPECTED_SERVICES = {
     },
     "ScheduleService": {"CreateSchedule", "ListSchedules", "DeleteSchedule"},
     "TenantService": {"GetTenantStats"},
-    "AdminService": {"GetShardMap", "ListTenantStats"},
+    "AdminService": {
+        "GetShardMap",
+        "ListTenantStats",
+        "SetTenantLimits",
+        "GetTenantLimits",
+        "Pause",
+        "Resume",
+    },
     "WorkerService": {"WatchAssignment"},
 }
 

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from shardq.v1 import common_pb2 as shardq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15shardq/v1/admin.proto\x12\tshardq.v1\x1a\x16shardq/v1/common.proto\"\x14\n\x12GetShardMapRequest\"\xd2\x01\n\x08ShardMap\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12 \n\x06shards\x18\x02 \x03(\x0b\x32\x10.shardq.v1.Shard\x12)\n\x0bslot_ranges\x18\x03 \x03(\x0b\x32\x14.shardq.v1.SlotRange\x12\"\n\x04pins\x18\x04 \x03(\x0b\x32\x14.shardq.v1.TenantPin\x12\x30\n\x11moves_in_progress\x18\x05 \x03(\x0b\x32\x15.shardq.v1.TenantMove\x12\x12\n\nslot_count\x18\x06 \x01(\r\"`\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12$\n\x05state\x18\x04 \x01(\x0e\x32\x15.shardq.v1.ShardState\"C\n\tSlotRange\x12\x12\n\nstart_slot\x18\x01 \x01(\r\x12\x10\n\x08\x65nd_slot\x18\x02 \x01(\r\x12\x10\n\x08shard_id\x18\x03 \x01(\r\"0\n\tTenantPin\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\r\"g\n\nTenantMove\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\rfrom_shard_id\x18\x02 \x01(\r\x12\x13\n\x0bto_shard_id\x18\x03 \x01(\r\x12\x1a\n\x12started_at_unix_ms\x18\x04 \x01(\x03\"c\n\x16ListTenantStatsRequest\x12\x15\n\x08shard_id\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\tB\x0b\n\t_shard_id\"[\n\x17ListTenantStatsResponse\x12\'\n\x07tenants\x18\x01 \x03(\x0b\x32\x16.shardq.v1.TenantStats\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*[\n\nShardState\x12\x1b\n\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SHARD_STATE_ACTIVE\x10\x01\x12\x18\n\x14SHARD_STATE_DRAINING\x10\x02\x32\xab\x01\n\x0c\x41\x64minService\x12\x41\n\x0bGetShardMap\x12\x1d.shardq.v1.GetShardMapRequest\x1a\x13.shardq.v1.ShardMap\x12X\n\x0fListTenantStats\x12!.shardq.v1.ListTenantStatsRequest\x1a\".shardq.v1.ListTenantStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15shardq/v1/admin.proto\x12\tshardq.v1\x1a\x16shardq/v1/common.proto\"\x14\n\x12GetShardMapRequest\"\xd2\x01\n\x08ShardMap\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12 \n\x06shards\x18\x02 \x03(\x0b\x32\x10.shardq.v1.Shard\x12)\n\x0bslot_ranges\x18\x03 \x03(\x0b\x32\x14.shardq.v1.SlotRange\x12\"\n\x04pins\x18\x04 \x03(\x0b\x32\x14.shardq.v1.TenantPin\x12\x30\n\x11moves_in_progress\x18\x05 \x03(\x0b\x32\x15.shardq.v1.TenantMove\x12\x12\n\nslot_count\x18\x06 \x01(\r\"`\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12$\n\x05state\x18\x04 \x01(\x0e\x32\x15.shardq.v1.ShardState\"C\n\tSlotRange\x12\x12\n\nstart_slot\x18\x01 \x01(\r\x12\x10\n\x08\x65nd_slot\x18\x02 \x01(\r\x12\x10\n\x08shard_id\x18\x03 \x01(\r\"0\n\tTenantPin\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\r\"g\n\nTenantMove\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\rfrom_shard_id\x18\x02 \x01(\r\x12\x13\n\x0bto_shard_id\x18\x03 \x01(\r\x12\x1a\n\x12started_at_unix_ms\x18\x04 \x01(\x03\"c\n\x16ListTenantStatsRequest\x12\x15\n\x08shard_id\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\tB\x0b\n\t_shard_id\"[\n\x17ListTenantStatsResponse\x12\'\n\x07tenants\x18\x01 \x03(\x0b\x32\x16.shardq.v1.TenantStats\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"T\n\x16SetTenantLimitsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\'\n\x06limits\x18\x02 \x01(\x0b\x32\x17.shardq.v1.TenantLimits\"+\n\x16GetTenantLimitsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"0\n\x0cPauseRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"\x0f\n\rPauseResponse\"1\n\rResumeRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"\x10\n\x0eResumeResponse*[\n\nShardState\x12\x1b\n\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SHARD_STATE_ACTIVE\x10\x01\x12\x18\n\x14SHARD_STATE_DRAINING\x10\x02\x32\xc4\x03\n\x0c\x41\x64minService\x12\x41\n\x0bGetShardMap\x12\x1d.shardq.v1.GetShardMapRequest\x1a\x13.shardq.v1.ShardMap\x12X\n\x0fListTenantStats\x12!.shardq.v1.ListTenantStatsRequest\x1a\".shardq.v1.ListTenantStatsResponse\x12M\n\x0fSetTenantLimits\x12!.shardq.v1.SetTenantLimitsRequest\x1a\x17.shardq.v1.TenantLimits\x12M\n\x0fGetTenantLimits\x12!.shardq.v1.GetTenantLimitsRequest\x1a\x17.shardq.v1.TenantLimits\x12:\n\x05Pause\x12\x17.shardq.v1.PauseRequest\x1a\x18.shardq.v1.PauseResponse\x12=\n\x06Resume\x12\x18.shardq.v1.ResumeRequest\x1a\x19.shardq.v1.ResumeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shardq.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SHARDSTATE']._serialized_start=811
-  _globals['_SHARDSTATE']._serialized_end=902
+  _globals['_SHARDSTATE']._serialized_start=1078
+  _globals['_SHARDSTATE']._serialized_end=1169
   _globals['_GETSHARDMAPREQUEST']._serialized_start=60
   _globals['_GETSHARDMAPREQUEST']._serialized_end=80
   _globals['_SHARDMAP']._serialized_start=83
@@ -50,6 +50,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTENANTSTATSREQUEST']._serialized_end=716
   _globals['_LISTTENANTSTATSRESPONSE']._serialized_start=718
   _globals['_LISTTENANTSTATSRESPONSE']._serialized_end=809
-  _globals['_ADMINSERVICE']._serialized_start=905
-  _globals['_ADMINSERVICE']._serialized_end=1076
+  _globals['_SETTENANTLIMITSREQUEST']._serialized_start=811
+  _globals['_SETTENANTLIMITSREQUEST']._serialized_end=895
+  _globals['_GETTENANTLIMITSREQUEST']._serialized_start=897
+  _globals['_GETTENANTLIMITSREQUEST']._serialized_end=940
+  _globals['_PAUSEREQUEST']._serialized_start=942
+  _globals['_PAUSEREQUEST']._serialized_end=990
+  _globals['_PAUSERESPONSE']._serialized_start=992
+  _globals['_PAUSERESPONSE']._serialized_end=1007
+  _globals['_RESUMEREQUEST']._serialized_start=1009
+  _globals['_RESUMEREQUEST']._serialized_end=1058
+  _globals['_RESUMERESPONSE']._serialized_start=1060
+  _globals['_RESUMERESPONSE']._serialized_end=1076
+  _globals['_ADMINSERVICE']._serialized_start=1172
+  _globals['_ADMINSERVICE']._serialized_end=1624
 # @@protoc_insertion_point(module_scope)

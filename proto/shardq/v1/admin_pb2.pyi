@@ -322,3 +322,153 @@ class ListTenantStatsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListTenantStatsResponse: _TypeAlias = ListTenantStatsResponse  # noqa: Y015
+
+@_typing.final
+class SetTenantLimitsRequest(_message.Message):
+    """SetTenantLimitsRequest names the tenant and its new limits.
+    Next ID: 3
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant whose limits change. Must match [A-Za-z0-9._-]{1,64}."""
+    @_builtins.property
+    def limits(self) -> _common_pb2.TenantLimits:
+        """The limits, whole: a field left 0 goes back to the server default."""
+
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        limits: _common_pb2.TenantLimits | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetTenantLimitsRequest: _TypeAlias = SetTenantLimitsRequest  # noqa: Y015
+
+@_typing.final
+class GetTenantLimitsRequest(_message.Message):
+    """GetTenantLimitsRequest names the tenant.
+    Next ID: 2
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant whose limits to read."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTenantLimitsRequest: _TypeAlias = GetTenantLimitsRequest  # noqa: Y015
+
+@_typing.final
+class PauseRequest(_message.Message):
+    """PauseRequest names what to pause: a tenant, a queue, or one tenant's queue.
+    Next ID: 3
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant to pause (alone: all its queues; with queue: that queue only). Empty with a
+    queue: the queue for every tenant, on every shard.
+    """
+    queue: _builtins.str
+    """Queue to pause; empty with a tenant_id: the whole tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseRequest: _TypeAlias = PauseRequest  # noqa: Y015
+
+@_typing.final
+class PauseResponse(_message.Message):
+    """PauseResponse is empty: the target is paused when it returns.
+    Next ID: 1
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseResponse: _TypeAlias = PauseResponse  # noqa: Y015
+
+@_typing.final
+class ResumeRequest(_message.Message):
+    """ResumeRequest names what to resume, as PauseRequest did.
+    Next ID: 3
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant to resume (see PauseRequest.tenant_id)."""
+    queue: _builtins.str
+    """Queue to resume (see PauseRequest.queue)."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeRequest: _TypeAlias = ResumeRequest  # noqa: Y015
+
+@_typing.final
+class ResumeResponse(_message.Message):
+    """ResumeResponse is empty: claims may start again when it returns.
+    Next ID: 1
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeResponse: _TypeAlias = ResumeResponse  # noqa: Y015

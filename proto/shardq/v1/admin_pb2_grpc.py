@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from shardq.v1 import admin_pb2 as shardq_dot_v1_dot_admin__pb2
+from shardq.v1 import common_pb2 as shardq_dot_v1_dot_common__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -45,6 +46,26 @@ class AdminServiceStub:
                 request_serializer=shardq_dot_v1_dot_admin__pb2.ListTenantStatsRequest.SerializeToString,
                 response_deserializer=shardq_dot_v1_dot_admin__pb2.ListTenantStatsResponse.FromString,
                 _registered_method=True)
+        self.SetTenantLimits = channel.unary_unary(
+                '/shardq.v1.AdminService/SetTenantLimits',
+                request_serializer=shardq_dot_v1_dot_admin__pb2.SetTenantLimitsRequest.SerializeToString,
+                response_deserializer=shardq_dot_v1_dot_common__pb2.TenantLimits.FromString,
+                _registered_method=True)
+        self.GetTenantLimits = channel.unary_unary(
+                '/shardq.v1.AdminService/GetTenantLimits',
+                request_serializer=shardq_dot_v1_dot_admin__pb2.GetTenantLimitsRequest.SerializeToString,
+                response_deserializer=shardq_dot_v1_dot_common__pb2.TenantLimits.FromString,
+                _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/shardq.v1.AdminService/Pause',
+                request_serializer=shardq_dot_v1_dot_admin__pb2.PauseRequest.SerializeToString,
+                response_deserializer=shardq_dot_v1_dot_admin__pb2.PauseResponse.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/shardq.v1.AdminService/Resume',
+                request_serializer=shardq_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=shardq_dot_v1_dot_admin__pb2.ResumeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -66,6 +87,41 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTenantLimits(self, request, context):
+        """SetTenantLimits replaces a tenant's limits (every field; 0 takes the server default)
+        and returns them as now enforced. Stored in Postgres and pushed to the tenant's shard
+        (both shards while it moves) before the call returns. Errors: INVALID_ARGUMENT (a
+        value out of range, the field named), UNAVAILABLE (the database or the shard cannot be
+        reached; retrying is safe).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTenantLimits(self, request, context):
+        """GetTenantLimits returns a tenant's limits as stored (server defaults applied).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pause(self, request, context):
+        """Pause stops claims: of one tenant (tenant_id alone), of one queue for every tenant
+        (queue alone), or of one tenant's queue (both). Submits are still accepted and
+        scheduled jobs still become READY; running jobs finish. Pausing what is paused is a
+        no-op. Errors: INVALID_ARGUMENT (neither given, or a bad name).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Resume undoes a Pause of the same target; workers waiting for work wake at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +134,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListTenantStats,
                     request_deserializer=shardq_dot_v1_dot_admin__pb2.ListTenantStatsRequest.FromString,
                     response_serializer=shardq_dot_v1_dot_admin__pb2.ListTenantStatsResponse.SerializeToString,
+            ),
+            'SetTenantLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenantLimits,
+                    request_deserializer=shardq_dot_v1_dot_admin__pb2.SetTenantLimitsRequest.FromString,
+                    response_serializer=shardq_dot_v1_dot_common__pb2.TenantLimits.SerializeToString,
+            ),
+            'GetTenantLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenantLimits,
+                    request_deserializer=shardq_dot_v1_dot_admin__pb2.GetTenantLimitsRequest.FromString,
+                    response_serializer=shardq_dot_v1_dot_common__pb2.TenantLimits.SerializeToString,
+            ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=shardq_dot_v1_dot_admin__pb2.PauseRequest.FromString,
+                    response_serializer=shardq_dot_v1_dot_admin__pb2.PauseResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=shardq_dot_v1_dot_admin__pb2.ResumeRequest.FromString,
+                    response_serializer=shardq_dot_v1_dot_admin__pb2.ResumeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +211,114 @@ class AdminService:
             '/shardq.v1.AdminService/ListTenantStats',
             shardq_dot_v1_dot_admin__pb2.ListTenantStatsRequest.SerializeToString,
             shardq_dot_v1_dot_admin__pb2.ListTenantStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenantLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shardq.v1.AdminService/SetTenantLimits',
+            shardq_dot_v1_dot_admin__pb2.SetTenantLimitsRequest.SerializeToString,
+            shardq_dot_v1_dot_common__pb2.TenantLimits.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenantLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shardq.v1.AdminService/GetTenantLimits',
+            shardq_dot_v1_dot_admin__pb2.GetTenantLimitsRequest.SerializeToString,
+            shardq_dot_v1_dot_common__pb2.TenantLimits.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shardq.v1.AdminService/Pause',
+            shardq_dot_v1_dot_admin__pb2.PauseRequest.SerializeToString,
+            shardq_dot_v1_dot_admin__pb2.PauseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shardq.v1.AdminService/Resume',
+            shardq_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
+            shardq_dot_v1_dot_admin__pb2.ResumeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,6 +13,7 @@ shards, and pins override them for single tenants.
 from collections import abc as _abc
 from grpc import aio as _aio
 from shardq.v1 import admin_pb2 as _admin_pb2
+from shardq.v1 import common_pb2 as _common_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -46,6 +47,23 @@ class AdminServiceStub:
     """ListTenantStats pages through the statistics of every tenant, optionally of one
     shard only. Errors: UNAVAILABLE (a shard cannot be reached).
     """
+    SetTenantLimits: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetTenantLimitsRequest, _common_pb2.TenantLimits]
+    """SetTenantLimits replaces a tenant's limits (every field; 0 takes the server default)
+    and returns them as now enforced. Stored in Postgres and pushed to the tenant's shard
+    (both shards while it moves) before the call returns. Errors: INVALID_ARGUMENT (a
+    value out of range, the field named), UNAVAILABLE (the database or the shard cannot be
+    reached; retrying is safe).
+    """
+    GetTenantLimits: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetTenantLimitsRequest, _common_pb2.TenantLimits]
+    """GetTenantLimits returns a tenant's limits as stored (server defaults applied)."""
+    Pause: _grpc.UnaryUnaryMultiCallable[_admin_pb2.PauseRequest, _admin_pb2.PauseResponse]
+    """Pause stops claims: of one tenant (tenant_id alone), of one queue for every tenant
+    (queue alone), or of one tenant's queue (both). Submits are still accepted and
+    scheduled jobs still become READY; running jobs finish. Pausing what is paused is a
+    no-op. Errors: INVALID_ARGUMENT (neither given, or a bad name).
+    """
+    Resume: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResumeRequest, _admin_pb2.ResumeResponse]
+    """Resume undoes a Pause of the same target; workers waiting for work wake at once."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -58,6 +76,23 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """ListTenantStats pages through the statistics of every tenant, optionally of one
     shard only. Errors: UNAVAILABLE (a shard cannot be reached).
     """
+    SetTenantLimits: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetTenantLimitsRequest, _common_pb2.TenantLimits]  # type: ignore[assignment]
+    """SetTenantLimits replaces a tenant's limits (every field; 0 takes the server default)
+    and returns them as now enforced. Stored in Postgres and pushed to the tenant's shard
+    (both shards while it moves) before the call returns. Errors: INVALID_ARGUMENT (a
+    value out of range, the field named), UNAVAILABLE (the database or the shard cannot be
+    reached; retrying is safe).
+    """
+    GetTenantLimits: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetTenantLimitsRequest, _common_pb2.TenantLimits]  # type: ignore[assignment]
+    """GetTenantLimits returns a tenant's limits as stored (server defaults applied)."""
+    Pause: _aio.UnaryUnaryMultiCallable[_admin_pb2.PauseRequest, _admin_pb2.PauseResponse]  # type: ignore[assignment]
+    """Pause stops claims: of one tenant (tenant_id alone), of one queue for every tenant
+    (queue alone), or of one tenant's queue (both). Submits are still accepted and
+    scheduled jobs still become READY; running jobs finish. Pausing what is paused is a
+    no-op. Errors: INVALID_ARGUMENT (neither given, or a bad name).
+    """
+    Resume: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResumeRequest, _admin_pb2.ResumeResponse]  # type: ignore[assignment]
+    """Resume undoes a Pause of the same target; workers waiting for work wake at once."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdminService exposes the shard map and cluster-wide statistics."""
@@ -79,5 +114,46 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListTenantStats pages through the statistics of every tenant, optionally of one
         shard only. Errors: UNAVAILABLE (a shard cannot be reached).
         """
+
+    @_abc_1.abstractmethod
+    def SetTenantLimits(
+        self,
+        request: _admin_pb2.SetTenantLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.TenantLimits, _abc.Awaitable[_common_pb2.TenantLimits]]:
+        """SetTenantLimits replaces a tenant's limits (every field; 0 takes the server default)
+        and returns them as now enforced. Stored in Postgres and pushed to the tenant's shard
+        (both shards while it moves) before the call returns. Errors: INVALID_ARGUMENT (a
+        value out of range, the field named), UNAVAILABLE (the database or the shard cannot be
+        reached; retrying is safe).
+        """
+
+    @_abc_1.abstractmethod
+    def GetTenantLimits(
+        self,
+        request: _admin_pb2.GetTenantLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.TenantLimits, _abc.Awaitable[_common_pb2.TenantLimits]]:
+        """GetTenantLimits returns a tenant's limits as stored (server defaults applied)."""
+
+    @_abc_1.abstractmethod
+    def Pause(
+        self,
+        request: _admin_pb2.PauseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.PauseResponse, _abc.Awaitable[_admin_pb2.PauseResponse]]:
+        """Pause stops claims: of one tenant (tenant_id alone), of one queue for every tenant
+        (queue alone), or of one tenant's queue (both). Submits are still accepted and
+        scheduled jobs still become READY; running jobs finish. Pausing what is paused is a
+        no-op. Errors: INVALID_ARGUMENT (neither given, or a bad name).
+        """
+
+    @_abc_1.abstractmethod
+    def Resume(
+        self,
+        request: _admin_pb2.ResumeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ResumeResponse, _abc.Awaitable[_admin_pb2.ResumeResponse]]:
+        """Resume undoes a Pause of the same target; workers waiting for work wake at once."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

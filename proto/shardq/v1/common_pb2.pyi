@@ -17,8 +17,10 @@ Conventions for the whole package:
   - Errors are gRPC status codes; INVALID_ARGUMENT messages name the offending field.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -86,7 +88,7 @@ Global___JobState: _TypeAlias = JobState  # noqa: Y015
 class JobSpec(_message.Message):
     """JobSpec is a job as a client submits it. Every field is validated by the server; a bad
     value fails with INVALID_ARGUMENT naming the field.
-    Next ID: 9
+    Next ID: 10
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -99,6 +101,7 @@ class JobSpec(_message.Message):
     DELAY_MS_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client idempotency key, unique per tenant for the server's dedupe retention window.
     Submitting the same request_id again returns the first job (deduplicated = true);
@@ -115,8 +118,10 @@ class JobSpec(_message.Message):
     JSON null. Larger than the server's payload size limit fails with INVALID_ARGUMENT.
     """
     priority: _builtins.int
-    """Priority from 0 to 9; 9 is the most urgent. A ready job of higher priority is claimed
-    before any ready job of lower priority on the same shard. Unset means 0 (the least
+    """Priority from 0 to 9; 9 is the most urgent. Among one tenant's ready jobs of a queue,
+    a job of higher priority is claimed before any job of lower priority. Priorities never
+    reorder tenants: the tenants of a shard take turns (round-robin, weighted by their
+    TenantLimits.weight) whatever priorities they choose. Unset means 0 (the least
     urgent). Above 9 fails with INVALID_ARGUMENT.
     """
     run_at_unix_ms: _builtins.int
@@ -135,6 +140,11 @@ class JobSpec(_message.Message):
     """Time the handler may run per attempt before the attempt counts as failed.
     0 means the server default.
     """
+    queue: _builtins.str
+    """Queue the job waits in. Workers claim only from the queues they serve, so worker
+    groups with different handlers never take each other's jobs. Must match
+    [A-Za-z0-9._-]{1,64}; empty means "default".
+    """
     def __init__(
         self,
         *,
@@ -146,10 +156,11 @@ class JobSpec(_message.Message):
         delay_ms: _builtins.int = ...,
         max_attempts: _builtins.int = ...,
         timeout_ms: _builtins.int = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delay_ms", b"delay_ms", "run_at_unix_ms", b"run_at_unix_ms", "when", b"when"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_ms", b"delay_ms", "handler", b"handler", "max_attempts", b"max_attempts", "payload", b"payload", "priority", b"priority", "request_id", b"request_id", "run_at_unix_ms", b"run_at_unix_ms", "timeout_ms", b"timeout_ms", "when", b"when"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_ms", b"delay_ms", "handler", b"handler", "max_attempts", b"max_attempts", "payload", b"payload", "priority", b"priority", "queue", b"queue", "request_id", b"request_id", "run_at_unix_ms", b"run_at_unix_ms", "timeout_ms", b"timeout_ms", "when", b"when"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_when: _TypeAlias = _typing.Literal["run_at_unix_ms", "delay_ms"]  # noqa: Y015
     _WhichOneofArgType_when: _TypeAlias = _typing.Literal["when", b"when"]  # noqa: Y015
@@ -161,7 +172,7 @@ Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
 class Job(_message.Message):
     """Job is a job as the server reports it: the submitted spec with server defaults applied,
     plus its current state and history.
-    Next ID: 20
+    Next ID: 21
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -185,6 +196,7 @@ class Job(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     SHARD_ID_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-generated ID, unique within the tenant."""
     tenant_id: _builtins.str
@@ -229,6 +241,8 @@ class Job(_message.Message):
     """True for an ACTIVE job that was cancelled: the running attempt finishes, but its
     result is not recorded as success and the job ends CANCELLED.
     """
+    queue: _builtins.str
+    """Queue the job waits in ("default" unless the spec named one)."""
     def __init__(
         self,
         *,
@@ -251,10 +265,11 @@ class Job(_message.Message):
         result: _builtins.bytes = ...,
         shard_id: _builtins.int = ...,
         cancel_requested: _builtins.bool = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancel_requested", b"cancel_requested", "created_at_unix_ms", b"created_at_unix_ms", "finished_at_unix_ms", b"finished_at_unix_ms", "handler", b"handler", "job_id", b"job_id", "last_error", b"last_error", "max_attempts", b"max_attempts", "payload", b"payload", "priority", b"priority", "request_id", b"request_id", "result", b"result", "run_at_unix_ms", b"run_at_unix_ms", "shard_id", b"shard_id", "started_at_unix_ms", b"started_at_unix_ms", "state", b"state", "tenant_id", b"tenant_id", "timeout_ms", b"timeout_ms", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancel_requested", b"cancel_requested", "created_at_unix_ms", b"created_at_unix_ms", "finished_at_unix_ms", b"finished_at_unix_ms", "handler", b"handler", "job_id", b"job_id", "last_error", b"last_error", "max_attempts", b"max_attempts", "payload", b"payload", "priority", b"priority", "queue", b"queue", "request_id", b"request_id", "result", b"result", "run_at_unix_ms", b"run_at_unix_ms", "shard_id", b"shard_id", "started_at_unix_ms", b"started_at_unix_ms", "state", b"state", "tenant_id", b"tenant_id", "timeout_ms", b"timeout_ms", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -301,7 +316,7 @@ class TenantStats(_message.Message):
     """TenantStats are one tenant's queue depths and throughput, as counted by its shard.
     Depths and totals are read when asked; rates are those of the last interval the shard's
     loop sampled (every SHARDQ_LOAD_INTERVAL_S, 10 s by default), 0 until it sampled twice.
-    Next ID: 14
+    Next ID: 19
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -319,6 +334,11 @@ class TenantStats(_message.Message):
     COMPLETED_PER_S_FIELD_NUMBER: _builtins.int
     FAILED_PER_S_FIELD_NUMBER: _builtins.int
     RATES_SAMPLED_AT_UNIX_MS_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    PAUSED_QUEUES_FIELD_NUMBER: _builtins.int
+    PENDING_BYTES_FIELD_NUMBER: _builtins.int
+    UNRUNNABLE_TOTAL_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Tenant the statistics are about."""
     shard_id: _builtins.int
@@ -353,6 +373,27 @@ class TenantStats(_message.Message):
     """When the rates were sampled, unix ms; 0 when the shard has not sampled the tenant yet.
     Rates much older than the sampling interval mean no shard loop is leading the shard.
     """
+    paused: _builtins.bool
+    """True while the whole tenant is paused: submits are accepted, nothing is claimed."""
+    pending_bytes: _builtins.int
+    """Bytes of payload of the tenant's jobs now SCHEDULED, READY or ACTIVE (counted against
+    TenantLimits.max_pending_bytes).
+    """
+    unrunnable_total: _builtins.int
+    """Jobs handed back because the worker that claimed them had no handler of their name
+    (the job went back to READY, its attempt not counted) since the shard started
+    counting. Rising means no live worker of the job's queue can run it.
+    """
+    @_builtins.property
+    def limits(self) -> Global___TenantLimits:
+        """The tenant's limits as its shard enforces them (server defaults applied)."""
+
+    @_builtins.property
+    def paused_queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Queues paused for this tenant alone (AdminService.Pause with tenant_id and queue), and
+        queues paused for every tenant; sorted.
+        """
+
     def __init__(
         self,
         *,
@@ -369,11 +410,67 @@ class TenantStats(_message.Message):
         completed_per_s: _builtins.float = ...,
         failed_per_s: _builtins.float = ...,
         rates_sampled_at_unix_ms: _builtins.int = ...,
+        limits: Global___TenantLimits | None = ...,
+        paused: _builtins.bool = ...,
+        paused_queues: _abc.Iterable[_builtins.str] | None = ...,
+        pending_bytes: _builtins.int = ...,
+        unrunnable_total: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "completed_per_s", b"completed_per_s", "completed_total", b"completed_total", "dead", b"dead", "failed_per_s", b"failed_per_s", "failed_total", b"failed_total", "rates_sampled_at_unix_ms", b"rates_sampled_at_unix_ms", "ready", b"ready", "scheduled", b"scheduled", "shard_id", b"shard_id", "submitted_per_s", b"submitted_per_s", "submitted_total", b"submitted_total", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "completed_per_s", b"completed_per_s", "completed_total", b"completed_total", "dead", b"dead", "failed_per_s", b"failed_per_s", "failed_total", b"failed_total", "limits", b"limits", "paused", b"paused", "paused_queues", b"paused_queues", "pending_bytes", b"pending_bytes", "rates_sampled_at_unix_ms", b"rates_sampled_at_unix_ms", "ready", b"ready", "scheduled", b"scheduled", "shard_id", b"shard_id", "submitted_per_s", b"submitted_per_s", "submitted_total", b"submitted_total", "tenant_id", b"tenant_id", "unrunnable_total", b"unrunnable_total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantStats: _TypeAlias = TenantStats  # noqa: Y015
+
+@_typing.final
+class TenantLimits(_message.Message):
+    """TenantLimits are one tenant's share and caps on its shard. Set by an admin through
+    AdminService.SetTenantLimits (stored in Postgres, pushed to the tenant's shard and carried
+    by a tenant move); a field left 0 takes the server's default, and a default of 0 means
+    no limit.
+    Next ID: 7
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    MAX_ACTIVE_FIELD_NUMBER: _builtins.int
+    SUBMIT_RATE_PER_S_FIELD_NUMBER: _builtins.int
+    SUBMIT_BURST_FIELD_NUMBER: _builtins.int
+    MAX_PENDING_FIELD_NUMBER: _builtins.int
+    MAX_PENDING_BYTES_FIELD_NUMBER: _builtins.int
+    weight: _builtins.int
+    """Jobs the tenant gets per round-robin turn against the other tenants of its shard and
+    queue, from 1 to 1000. 0 means the default (1: an equal share).
+    """
+    max_active: _builtins.int
+    """Most jobs of the tenant running (ACTIVE) at once, over all its queues."""
+    submit_rate_per_s: _builtins.float
+    """Submits accepted per second, on average (a token bucket)."""
+    submit_burst: _builtins.int
+    """Submits the bucket holds: how many may arrive at once after a quiet spell. 0 means
+    max(1, submit_rate_per_s).
+    """
+    max_pending: _builtins.int
+    """Most jobs the tenant may have SCHEDULED, READY or ACTIVE at once."""
+    max_pending_bytes: _builtins.int
+    """Most bytes of payload the tenant's SCHEDULED, READY and ACTIVE jobs may hold at once."""
+    def __init__(
+        self,
+        *,
+        weight: _builtins.int = ...,
+        max_active: _builtins.int = ...,
+        submit_rate_per_s: _builtins.float = ...,
+        submit_burst: _builtins.int = ...,
+        max_pending: _builtins.int = ...,
+        max_pending_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_active", b"max_active", "max_pending", b"max_pending", "max_pending_bytes", b"max_pending_bytes", "submit_burst", b"submit_burst", "submit_rate_per_s", b"submit_rate_per_s", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantLimits: _TypeAlias = TenantLimits  # noqa: Y015

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17shardq/v1/workers.proto\x12\tshardq.v1\"R\n\x16WatchAssignmentRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x13\n\x0b\x63oncurrency\x18\x03 \x01(\r\"a\n\nAssignment\x12\x13\n\x0bmap_version\x18\x01 \x01(\x04\x12(\n\x06shards\x18\x02 \x03(\x0b\x32\x18.shardq.v1.ShardEndpoint\x12\x14\n\x0clive_workers\x18\x03 \x01(\r\"2\n\rShardEndpoint\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t2^\n\rWorkerService\x12M\n\x0fWatchAssignment\x12!.shardq.v1.WatchAssignmentRequest\x1a\x15.shardq.v1.Assignment0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17shardq/v1/workers.proto\x12\tshardq.v1\"t\n\x16WatchAssignmentRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x13\n\x0b\x63oncurrency\x18\x03 \x01(\r\x12\x0e\n\x06queues\x18\x04 \x03(\t\x12\x10\n\x08handlers\x18\x05 \x03(\t\"a\n\nAssignment\x12\x13\n\x0bmap_version\x18\x01 \x01(\x04\x12(\n\x06shards\x18\x02 \x03(\x0b\x32\x18.shardq.v1.ShardEndpoint\x12\x14\n\x0clive_workers\x18\x03 \x01(\r\"B\n\rShardEndpoint\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06queues\x18\x03 \x03(\t2^\n\rWorkerService\x12M\n\x0fWatchAssignment\x12!.shardq.v1.WatchAssignmentRequest\x1a\x15.shardq.v1.Assignment0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shardq.v1.workers_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WATCHASSIGNMENTREQUEST']._serialized_start=38
-  _globals['_WATCHASSIGNMENTREQUEST']._serialized_end=120
-  _globals['_ASSIGNMENT']._serialized_start=122
-  _globals['_ASSIGNMENT']._serialized_end=219
-  _globals['_SHARDENDPOINT']._serialized_start=221
-  _globals['_SHARDENDPOINT']._serialized_end=271
-  _globals['_WORKERSERVICE']._serialized_start=273
-  _globals['_WORKERSERVICE']._serialized_end=367
+  _globals['_WATCHASSIGNMENTREQUEST']._serialized_end=154
+  _globals['_ASSIGNMENT']._serialized_start=156
+  _globals['_ASSIGNMENT']._serialized_end=253
+  _globals['_SHARDENDPOINT']._serialized_start=255
+  _globals['_SHARDENDPOINT']._serialized_end=321
+  _globals['_WORKERSERVICE']._serialized_start=323
+  _globals['_WORKERSERVICE']._serialized_end=417
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 @_typing.final
 class WatchAssignmentRequest(_message.Message):
     """WatchAssignmentRequest introduces a worker.
-    Next ID: 4
+    Next ID: 6
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -33,6 +33,8 @@ class WatchAssignmentRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     HOSTNAME_FIELD_NUMBER: _builtins.int
     CONCURRENCY_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
+    HANDLERS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker's ID, unique among live workers (e.g. "<hostname>:<pid>:<random>"). Must match
     [A-Za-z0-9._:-]{1,128}.
@@ -41,16 +43,32 @@ class WatchAssignmentRequest(_message.Message):
     """Host the worker runs on, for operators."""
     concurrency: _builtins.int
     """Jobs the worker runs at once; used to weigh its share of shards. 0 means 1."""
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Queues the worker claims from, each matching [A-Za-z0-9._-]{1,64}. Empty means
+        ["default"]. Every shard is assigned, for each queue, to at least one live worker that
+        serves the queue.
+        """
+
+    @_builtins.property
+    def handlers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of the handlers the worker has, for operators and for the coordinator's
+        --reject-unknown-handlers check (a submit whose handler no live worker of its queue
+        has is refused with FAILED_PRECONDITION).
+        """
+
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         hostname: _builtins.str = ...,
         concurrency: _builtins.int = ...,
+        queues: _abc.Iterable[_builtins.str] | None = ...,
+        handlers: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency", b"concurrency", "hostname", b"hostname", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency", b"concurrency", "handlers", b"handlers", "hostname", b"hostname", "queues", b"queues", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -95,26 +113,32 @@ Global___Assignment: _TypeAlias = Assignment  # noqa: Y015
 @_typing.final
 class ShardEndpoint(_message.Message):
     """ShardEndpoint is where to reach one assigned shard.
-    Next ID: 3
+    Next ID: 4
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     SHARD_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
     shard_id: _builtins.int
     """Shard number."""
     address: _builtins.str
     """host:port of the shard's Redis (credentials come from the worker's environment)."""
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Queues this worker claims from on this shard: some or all of the queues it serves."""
+
     def __init__(
         self,
         *,
         shard_id: _builtins.int = ...,
         address: _builtins.str = ...,
+        queues: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "shard_id", b"shard_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "queues", b"queues", "shard_id", b"shard_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
