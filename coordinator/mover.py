@@ -115,9 +115,8 @@ class Mover:
         report = MoveReport(move.tenant_id, move.from_shard_id, move.to_shard_id)
         src = ShardSide(self.shards.client(smap.shards[move.from_shard_id]), move.tenant_id)
         dst = ShardSide(self.shards.client(smap.shards[move.to_shard_id]), move.tenant_id)
-        weight = await src.weight()
-        if weight is not None:
-            await dst.adopt_weight(weight)
+        # The tenant's limits and pauses first, so the target enforces them on its first job.
+        await dst.adopt_controls(await src.controls())
         deadline = time.monotonic() + self.active_wait_s
         while True:
             await self._add_counters(move, src, dst)  # a killed run's, before finish asks

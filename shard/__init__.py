@@ -4,7 +4,15 @@ from shardq.common.clock import FakeClock, SystemClock
 from shardq.shard.client import ShardClient
 from shardq.shard.codes import ItemCode
 from shardq.shard.keys import Keys
-from shardq.shard.models import Failure, Lease, Limits, NewJob, ScheduleSpec, ShardSettings
+from shardq.shard.models import (
+    Failure,
+    Lease,
+    Limits,
+    NewJob,
+    ScheduleSpec,
+    ShardSettings,
+    TenantLimits,
+)
 from shardq.shard.records import ClaimedJob, JobRecord, JobState
 
 __all__ = [
@@ -22,4 +30,5 @@ __all__ = [
     "ShardClient",
     "ShardSettings",
     "SystemClock",
+    "TenantLimits",
 ]

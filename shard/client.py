@@ -8,8 +8,10 @@ is sent, so bad input raises :class:`~shard.errors.InvalidArgument` and writes n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,13 +36,16 @@ from shardq.shard.models import (
     JobPage,
     Lease,
     NewJob,
+    Paused,
     Schedule,
     ScheduleSpec,
     ShardSettings,
     TenantCounts,
+    TenantLimits,
     TenantLoad,
 )
 from shardq.shard.records import (
+    DEFAULT_QUEUE,
     ClaimedJob,
     DedupeEntry,
     EnqueueResult,
@@ -53,6 +58,14 @@ from shardq.shard.scripts import register_all
 
 #: The states ``list_jobs`` lists (finished jobs are read one by one, by ID).
 LISTABLE_STATES = (JobState.SCHEDULED, JobState.READY, JobState.ACTIVE, JobState.DEAD)
+#: Most queues one claim (or one wait for work) names.
+MAX_CLAIM_QUEUES = 100
+#: Largest count Lua's numbers (doubles) hold exactly: pending jobs and bytes.
+MAX_COUNT = 2**53
+MAX_UINT32 = 2**32 - 1
+MAX_WEIGHT = 1000
+#: The fields of the limits:{t} hash, in the order of TenantLimits' fields.
+LIMIT_FIELDS = ("weight", "max_active", "rate", "burst", "max_pending", "max_pending_bytes")
 
 
 def _s(value: bytes | str | None) -> str:
@@ -102,6 +115,7 @@ class ShardClient:
         validation.request_id(job.request_id)
         payload = validation.payload(job.payload, s.max_payload_bytes)
         prio = validation.priority(job.priority)
+        queue = validation.queue(job.queue)
         if job.job_id:
             validation.job_id(job.job_id)
         if job.run_at_ms is not None and job.delay_ms is not None:
@@ -121,10 +135,7 @@ class ShardClient:
         timeout = validation.int_in_range(
             job.timeout_ms, 0, validation.MAX_TIMEOUT_MS, "timeout_ms"
         )
-        max_pending = validation.int_in_range(job.limits.max_pending, 0, 2**53, "max_pending")
-        rate = job.limits.rate_per_s
-        if not isinstance(rate, int | float) or not 0 <= rate < 1e9:
-            raise InvalidArgument(f"{rate!r} is not a rate >= 0", field="rate_per_s")
+        limits = check_limits(job.limits)
         return PreparedJob(
             tenant=job.tenant,
             job_id=job.job_id or new_job_id(now),
@@ -136,15 +147,20 @@ class ShardClient:
             max_attempts=attempts or s.default_max_attempts,
             timeout_ms=timeout or s.default_timeout_ms,
             digest=digest(job.handler, payload),
-            max_pending=max_pending,
-            rate_per_s=float(rate),
+            queue=queue,
+            max_pending=limits.max_pending,
+            max_pending_bytes=limits.max_pending_bytes,
+            submit_rate_per_s=limits.submit_rate_per_s,
+            submit_burst=limits.submit_burst,
         )
 
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         """Enqueue jobs (any tenants of this shard); one result per job, in order.
 
         Every job is checked before any is written: one bad job fails the call and writes
-        nothing. Refusals that depend on state (dedupe conflict, quota, rate) come back per job.
+        nothing. Refusals that depend on state (dedupe conflict, quota, rate) come back per job:
+        each job's ``limits`` are the defaults for what the tenant's limits on this shard
+        (:meth:`set_limits`) do not set.
         """
         now = self.clock.now_ms()
         prepared = [self.prepare(j, now) for j in jobs]
@@ -228,21 +244,43 @@ class ShardClient:
 
     # --- workers ---------------------------------------------------------------------
 
-    async def claim(self, worker_id: str, max_jobs: int, lease_ms: int) -> list[ClaimedJob]:
+    async def claim(
+        self,
+        worker_id: str,
+        max_jobs: int,
+        lease_ms: int,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
+    ) -> list[ClaimedJob]:
+        """Claim up to ``max_jobs`` ready jobs of ``queues`` under leases of ``lease_ms``.
+
+        One job from each queue in turn, starting with the first (a caller serving several
+        queues rotates their order between calls, so that none is always first); in a queue,
+        tenants take turns (weighted), then the tenant's highest priority, then FIFO. Paused
+        queues and tenants, tenants at their ``max_active``, and jobs this worker handed back
+        for want of their handler (:meth:`release` with ``avoid_ms``) are passed over.
+        """
         validation.worker_id(worker_id)
         validation.int_in_range(max_jobs, 1, self.settings.max_batch, "max_jobs")
         validation.int_in_range(lease_ms, 1, validation.MAX_TIMEOUT_MS, "lease_ms")
+        names = _queue_list(queues)
         k = self.keys
         flat = await self._run(
             "claim",
-            [k.fence(), k.leases(), k.weights()],
-            [self.clock.now_ms(), lease_ms, max_jobs, worker_id],
+            [k.fence(), k.leases()],
+            [self.clock.now_ms(), lease_ms, max_jobs, worker_id, *names],
         )
         return ClaimedJob.from_reply(flat)
 
-    async def wait_for_work(self, timeout_s: float) -> bool:
-        """Block until a job may be ready (True) or the timeout passes (False). No polling."""
-        return await self._r.blpop([self.keys.wake()], timeout_s) is not None
+    async def wait_for_work(
+        self, timeout_s: float, queues: Sequence[str] = (DEFAULT_QUEUE,)
+    ) -> bool:
+        """Block until a job of ``queues`` may be ready (True) or the timeout passes (False).
+
+        No polling: a BLPOP on the queues' wake-up lists, which enqueue, promote, reap,
+        release, requeue, resume and un-parking push to.
+        """
+        names = _queue_list(queues)
+        return await self._r.blpop([self.keys.wake(q) for q in names], timeout_s) is not None
 
     @staticmethod
     def _lease_args(leases: Sequence[Lease]) -> list[Any]:
@@ -274,11 +312,19 @@ class ShardClient:
         )
         return [ItemCode(int(c)) for c in codes]
 
-    async def release(self, leases: Sequence[Lease]) -> list[ItemCode]:
-        """Hand jobs back to ready at once, their attempt not counted (graceful shutdown)."""
+    async def release(self, leases: Sequence[Lease], avoid_ms: int = 0) -> list[ItemCode]:
+        """Hand jobs back to ready at once, their attempt not counted: OK, CANCELLED (a cancel
+        was requested: the job ends cancelled) or STALE_LEASE per lease.
+
+        ``avoid_ms`` 0: a worker shutting down; any worker may claim them again. Above 0: the
+        worker that held each job lacks its handler; it may not claim the job again for that
+        long (another worker takes it), and the tenant's ``unrunnable`` counter grows.
+        """
+        validation.int_in_range(avoid_ms, 0, validation.MAX_TIMEOUT_MS, "avoid_ms")
         if not leases:
             return []
-        codes = await self._run("release", [], self._lease_args(leases))
+        args = [self.clock.now_ms(), self.settings.retention_ms, avoid_ms]
+        codes = await self._run("release", [], args + self._lease_args(leases))
         return [ItemCode(int(c)) for c in codes]
 
     async def fail(self, failures: Sequence[Failure]) -> list[FailResult]:
@@ -408,14 +454,82 @@ class ShardClient:
         ((_, counts, sample),) = await self.load_rows([tenant])
         return TenantLoad.of(tenant, counts, sample)
 
-    async def set_weight(self, tenant: str, weight: int) -> None:
-        """Jobs a tenant gets per round-robin turn (1 = an equal share)."""
+    # --- limits and pauses --------------------------------------------------------------
+
+    async def set_limits(self, tenant: str, limits: TenantLimits) -> None:
+        """Replace the tenant's limits on this shard (every field; 0 = not set here).
+
+        Admission limits apply to the next submits; a new ``max_active`` at once (a tenant
+        parked at its old cap and below the new one is served again, its workers woken).
+        """
         validation.tenant_id(tenant)
-        validation.int_in_range(weight, 1, 1000, "weight")
-        if weight == 1:
-            await self._r.hdel(self.keys.weights(), tenant)
-        else:
-            await self._r.hset(self.keys.weights(), tenant, weight)
+        checked = check_limits(limits)
+        await self._run("set_limits", [], [tenant, "set", *_limit_values(checked)])
+
+    async def adopt_limits(self, tenant: str, limits: TenantLimits) -> bool:
+        """Set the tenant's limits only if it has none on this shard (a move's target, which
+        keeps limits an admin set there meanwhile). True when they were set."""
+        validation.tenant_id(tenant)
+        checked = check_limits(limits)
+        args = [tenant, "adopt", *_limit_values(checked)]
+        return bool(await self._run("set_limits", [], args))
+
+    async def limits(self, tenant: str) -> TenantLimits:
+        """The tenant's limits as this shard holds them (0 where not set)."""
+        validation.tenant_id(tenant)
+        raw = await self._r.hmget(self.keys.limits(tenant), list(LIMIT_FIELDS))
+        weight, active, rate, burst, pending, pending_bytes = (_s(v) or "0" for v in raw)
+        return TenantLimits(
+            weight=int(weight),
+            max_active=int(active),
+            submit_rate_per_s=float(rate),
+            submit_burst=int(burst),
+            max_pending=int(pending),
+            max_pending_bytes=int(pending_bytes),
+        )
+
+    async def pause(self, tenant: str | None = None, queue: str | None = None) -> bool:
+        """Stop claims of ``tenant`` (alone: all its queues), of ``queue`` (alone: for every
+        tenant of this shard), or of the tenant's queue (both). Submits and promotion go on.
+        True when it was not paused yet."""
+        t, q = _pause_target(tenant, queue)
+        return bool(await self._run("pause", [], [t, q]))
+
+    async def resume(self, tenant: str | None = None, queue: str | None = None) -> bool:
+        """Undo :meth:`pause` of the same target; its workers are woken at once. True when it
+        was paused."""
+        t, q = _pause_target(tenant, queue)
+        return bool(await self._run("resume", [], [t, q]))
+
+    async def paused(self, tenant: str) -> Paused:
+        """``(tenant, queues)``: whether ``tenant`` is paused whole, and the queues paused for
+        it (its own paused queues and the queues paused for every tenant, sorted)."""
+        validation.tenant_id(tenant)
+        k = self.keys
+        pipe = self._r.pipeline(transaction=False)
+        pipe.sismember(k.paused(), tenant)
+        pipe.smembers(k.paused_queues())
+        whole, everyone = await pipe.execute()
+        queues = {*await self.paused_queues_of(tenant), *map(_s, everyone)}
+        return Paused(bool(whole), sorted(queues))
+
+    async def paused_queues_of(self, tenant: str) -> list[str]:
+        """The queues paused for ``tenant`` alone (``pause(tenant, queue)``), sorted."""
+        validation.tenant_id(tenant)
+        members = self._r.sscan_iter(self.keys.paused_tenant_queues(), match=f"{tenant}/*")
+        return sorted([_s(m).partition("/")[2] async for m in members])
+
+    async def upgrade_layout(self, limit: int | None = None) -> int:
+        """Convert what the previous key layout (no queues) still holds into queue
+        ``default``, in capped steps until nothing is left; returns the jobs moved. Run by
+        the shard loop when it starts leading; a no-op on a converted shard."""
+        limit = limit or self.settings.max_batch
+        total = 0
+        while True:
+            moved, done = await self._run("upgrade_layout", [], [limit])
+            total += int(moved)
+            if int(done):
+                return total
 
     async def list_jobs(
         self, tenant: str, state: JobState, page_size: int = 100, page_token: str = ""
@@ -448,31 +562,42 @@ class ShardClient:
         return JobPage(jobs, token)
 
     async def _list_ready(self, tenant: str, size: int, page_token: str) -> JobPage:
-        prio, offset = 9, 0
+        """Ready jobs queue by queue (by name), most urgent first, then FIFO: the order a
+        claim of the queue takes them in when the tenant is alone. The token, where the next
+        page starts, is ``{priority}.{offset}.{queue}``."""
+        start, prio, offset = "", 9, 0
         if page_token:
             try:
-                p, o = page_token.split(".")
-                prio = validation.priority(int(p))
-                offset = validation.int_in_range(int(o), 0, 2**31, "page_token")
+                token_prio, token_offset, start = page_token.split(".", 2)
+                prio = validation.priority(int(token_prio))
+                offset = validation.int_in_range(int(token_offset), 0, 2**31, "page_token")
+                validation.queue(start)
             except (ValueError, InvalidArgument) as exc:
                 raise InvalidArgument("not a token from this listing", field="page_token") from exc
+        names = sorted(_s(q) for q in await self._r.smembers(self.keys.queues(tenant)))
         jobs: list[JobRecord] = []
-        while prio >= 0 and len(jobs) < size:
-            ids = await self._r.lrange(self.keys.ready(tenant, prio), offset, offset + size - 1)
-            # _records drops IDs whose hash expired (cancelled while ready, past retention),
-            # so positions in the list are counted over ids, not over the records found.
-            found = {r.job_id: r for r in await self._records([i.decode() for i in ids])}
-            for n, jid in enumerate(ids):
-                if len(jobs) == size:
-                    return JobPage(jobs, f"{prio}.{offset + n}")
-                rec = found.get(jid.decode())
-                if rec is not None and rec.state is JobState.READY:
-                    jobs.append(rec)
-            if len(ids) == size:
-                offset += size
-            else:
-                prio, offset = prio - 1, 0
-        return JobPage(jobs, f"{prio}.{offset}" if len(jobs) == size and prio >= 0 else "")
+        for queue in (q for q in names if q >= start):
+            if queue != start:
+                prio, offset = 9, 0
+            for p in map(int, await self._r.zrevrange(self.keys.priorities(tenant, queue), 0, -1)):
+                if p > prio:
+                    continue
+                if p < prio:
+                    prio, offset = p, 0
+                while ids := await self._r.lrange(
+                    self.keys.ready(tenant, queue, p), offset, offset + size - len(jobs) - 1
+                ):
+                    # _records drops IDs whose hash expired (cancelled while ready, past
+                    # retention), so positions are counted over ids, not over records found.
+                    found = {r.job_id: r for r in await self._records([_s(i) for i in ids])}
+                    for jid in ids:
+                        rec = found.get(_s(jid))
+                        if rec is not None and rec.state is JobState.READY:
+                            jobs.append(rec)
+                    offset += len(ids)
+                    if len(jobs) == size:
+                        return JobPage(jobs, f"{p}.{offset}.{queue}")
+        return JobPage(jobs, "")
 
     async def _records(self, job_ids: Sequence[str]) -> list[JobRecord]:
         pipe = self._r.pipeline(transaction=False)
@@ -592,6 +717,58 @@ def raise_for_enqueue(res: EnqueueResult) -> None:
         )
     if res.code is ItemCode.RATE_LIMITED:
         raise ResourceExhausted("the tenant submits too fast", retry_after_ms=res.retry_after_ms)
+
+
+def check_limits(limits: TenantLimits) -> TenantLimits:
+    """``limits`` if every field is in range (else InvalidArgument naming the field), with the
+    rate as a float: weight 0-1000, the others >= 0 (0 = not set)."""
+    validation.int_in_range(limits.weight, 0, MAX_WEIGHT, "weight")
+    validation.int_in_range(limits.max_active, 0, MAX_UINT32, "max_active")
+    validation.int_in_range(limits.submit_burst, 0, MAX_UINT32, "submit_burst")
+    validation.int_in_range(limits.max_pending, 0, MAX_COUNT, "max_pending")
+    validation.int_in_range(limits.max_pending_bytes, 0, MAX_COUNT, "max_pending_bytes")
+    rate = limits.submit_rate_per_s
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not math.isfinite(rate)
+        or not 0 <= rate < 1e9
+    ):
+        raise InvalidArgument(f"{rate!r} is not a rate in [0, 1e9)", field="submit_rate_per_s")
+    return dataclasses.replace(limits, submit_rate_per_s=float(rate))
+
+
+def _limit_values(limits: TenantLimits) -> list[Any]:
+    """The six values of ``set_limits.lua``'s ARGV, in the order of LIMIT_FIELDS."""
+    return [
+        limits.weight,
+        limits.max_active,
+        repr(float(limits.submit_rate_per_s)),
+        limits.submit_burst,
+        limits.max_pending,
+        limits.max_pending_bytes,
+    ]
+
+
+def _queue_list(queues: Sequence[str]) -> list[str]:
+    """Checked queue names, each once, in the order given."""
+    if isinstance(queues, str) or not isinstance(queues, Sequence):
+        raise InvalidArgument("give a list of queue names", field="queues")
+    names = list(dict.fromkeys(validation.queue(q, "queues") for q in queues))
+    if not 1 <= len(names) <= MAX_CLAIM_QUEUES:
+        raise InvalidArgument(f"give 1 to {MAX_CLAIM_QUEUES} queues", field="queues")
+    return names
+
+
+def _pause_target(tenant: str | None, queue: str | None) -> tuple[str, str]:
+    """(tenant or '', queue or '') for pause.lua and resume.lua, checked."""
+    if not tenant and not queue:
+        raise InvalidArgument("name a tenant, a queue, or both", field="tenant_id")
+    if tenant:
+        validation.tenant_id(tenant)
+    if queue:
+        validation.queue(queue)
+    return tenant or "", queue or ""
 
 
 def _parse_offset(token: str) -> int:

@@ -4,12 +4,12 @@ All keys share one configurable prefix (``SHARDQ_KEY_PREFIX``, default ``shardq`
 embed a tenant ID only ever embed a validated one (``[A-Za-z0-9._-]{1,64}``, see
 :mod:`shard.validation`), so a tenant can never address another tenant's keys.
 
-Lua scripts receive the keys they touch in ``KEYS``. Per-tenant keys that a script can only
-discover while it runs (the next tenant in a round-robin ring, the tenant of a promoted job)
-are derived inside Lua from ``KEYS[1]``, which is always :meth:`Keys.base` (the prefix plus
-``:``); the Lua helpers in ``shard/lua/_lib.lua`` build them with the same spelling as the
-methods below. Changing a spelling here means changing it there: ``tests/unit/test_keys.py``
-checks that both agree.
+Lua scripts receive the keys they touch in ``KEYS``. Per-tenant and per-queue keys that a
+script can only discover while it runs (the next tenant in a round-robin ring, the tenant and
+queue of a promoted job) are derived inside Lua from ``KEYS[1]``, which is always
+:meth:`Keys.base` (the prefix plus ``:``); the Lua helpers in ``shard/lua/_lib.lua`` build them
+with the same spelling as the methods below. Changing a spelling here means changing it there:
+``tests/unit/test_keys.py`` checks that both agree.
 
 A job's hash uses short field names to keep a scheduled job small in memory; they are listed
 in :data:`JOB_FIELDS`, and declared with the job's states in :mod:`shard.records`.
@@ -54,25 +54,64 @@ class Keys:
         """ZSET: one tenant's active job IDs scored by claim time (unix ms), for listing."""
         return f"{self.prefix}:tactive:{tenant}"
 
-    def ready(self, tenant: str, priority: int) -> str:
-        """LIST: ready job IDs of one tenant at one priority, FIFO (RPUSH, LPOP).
+    # -- ready jobs and who may be served (claim.lua; docs/design-queues.md) ------------------
+    #
+    # A tenant ``t`` is on ``ring(q)`` only if it has ready jobs in ``q``. Claim drops the head
+    # tenant lazily when it finds it paused (``paused``, ``tqpaused``) or parked (``parked``);
+    # a resume or an un-park puts it back on the ring of each queue in ``tqueues(t)``.
+
+    def ready(self, tenant: str, queue: str, priority: int) -> str:
+        """LIST: ready job IDs of one tenant in one queue at one priority, FIFO (RPUSH, LPOP).
 
         May hold IDs of jobs cancelled while ready: claim skips them (lazy removal keeps
         cancel O(1) however long the list is).
         """
-        return f"{self.prefix}:ready:{tenant}:{priority}"
+        return f"{self.prefix}:ready:{tenant}:{queue}:{priority}"
 
-    def ring(self, priority: int) -> str:
-        """LIST: tenants with a non-empty ready list at this priority, in round-robin order."""
-        return f"{self.prefix}:ring:{priority}"
+    def priorities(self, tenant: str, queue: str) -> str:
+        """ZSET: the priorities whose :meth:`ready` list of the tenant and queue is not empty
+        (member and score the priority): claim reads the highest in O(1)."""
+        return f"{self.prefix}:tprio:{tenant}:{queue}"
 
-    def credit(self, priority: int) -> str:
-        """HASH: tenant -> jobs claimed in its current turn at this priority (weights > 1)."""
-        return f"{self.prefix}:credit:{priority}"
+    def queues(self, tenant: str) -> str:
+        """SET: the queues where the tenant has ready jobs (a non-empty :meth:`priorities`)."""
+        return f"{self.prefix}:tqueues:{tenant}"
 
-    def weights(self) -> str:
-        """HASH: tenant -> fairness weight (jobs per round-robin turn); absent means 1."""
-        return f"{self.prefix}:weights"
+    def ring(self, queue: str) -> str:
+        """LIST: tenants with ready jobs in the queue, in round-robin order (tenants first)."""
+        return f"{self.prefix}:qring:{queue}"
+
+    def in_ring(self, queue: str) -> str:
+        """SET: the members of :meth:`ring`, so that a tenant is never on a ring twice."""
+        return f"{self.prefix}:inring:{queue}"
+
+    def credit(self, queue: str) -> str:
+        """HASH: tenant -> jobs claimed in its current turn in the queue (weights > 1)."""
+        return f"{self.prefix}:qcredit:{queue}"
+
+    def limits(self, tenant: str) -> str:
+        """HASH: the tenant's limits (``ShardClient.set_limits``), a field per limit set:
+        ``weight``, ``max_active``, ``rate``, ``burst``, ``max_pending``,
+        ``max_pending_bytes``. An absent field takes the caller's default (enqueue's ARGV) or,
+        for ``weight`` and ``max_active``, none (weight 1, no cap)."""
+        return f"{self.prefix}:limits:{tenant}"
+
+    def paused(self) -> str:
+        """SET: tenants paused whole: nothing of theirs is claimed."""
+        return f"{self.prefix}:paused"
+
+    def paused_queues(self) -> str:
+        """SET: queues paused for every tenant of the shard: claim skips them."""
+        return f"{self.prefix}:qpaused"
+
+    def paused_tenant_queues(self) -> str:
+        """SET: ``{tenant}/{queue}`` of one tenant's queue paused."""
+        return f"{self.prefix}:tqpaused"
+
+    def parked(self) -> str:
+        """SET: tenants at their ``max_active`` cap: claim takes them off every ring, and the
+        script that ends one of their active jobs below the cap puts them back."""
+        return f"{self.prefix}:parked"
 
     def leases(self) -> str:
         """ZSET: active job IDs scored by lease deadline (unix ms); the reaper ranges it."""
@@ -93,8 +132,11 @@ class Keys:
     def counts(self, tenant: str) -> str:
         """HASH: per-tenant gauges and counters, kept in O(1) by every script.
 
-        Gauges: ``scheduled``, ``ready``, ``active``, ``dead``. Counters (only grow):
-        ``submitted``, ``succeeded``, ``failed`` (attempts that failed or expired).
+        Gauges: ``scheduled``, ``ready``, ``active``, ``dead``, and ``bytes`` (payload bytes
+        of the scheduled, ready and active jobs; never below 0, see ``docs/design-queues.md``
+        on upgraded shards). Counters (only grow): ``submitted``, ``succeeded``, ``failed``
+        (attempts that failed or expired), ``unrunnable`` (jobs handed back by a worker
+        without their handler).
         """
         return f"{self.prefix}:counts:{tenant}"
 
@@ -117,9 +159,9 @@ class Keys:
         """HASH ``{tokens, ts}``: the tenant's submit-rate token bucket."""
         return f"{self.prefix}:bucket:{tenant}"
 
-    def wake(self) -> str:
-        """LIST: wake-up tokens for idle workers (BLPOP), capped in length."""
-        return f"{self.prefix}:wake"
+    def wake(self, queue: str) -> str:
+        """LIST: wake-up tokens for idle workers of the queue (BLPOP), capped in length."""
+        return f"{self.prefix}:wake:{queue}"
 
     def promoter_wake(self) -> str:
         """LIST: wake-up tokens for the shard loop when a job earlier than the next due arrives."""
@@ -164,3 +206,25 @@ class Keys:
     def moved_in(self, tenant: str, move_id: str) -> str:
         """STRING with a TTL: on the target, "this move's counters were added" (exactly once)."""
         return f"{self.prefix}:movedin:{tenant}:{move_id}"
+
+    # -- the previous layout (before queues), read only by upgrade_layout.lua ----------------
+
+    def old_ready(self, tenant: str, priority: int) -> str:
+        """LIST (previous layout): ready job IDs of a tenant at a priority, all in one queue."""
+        return f"{self.prefix}:ready:{tenant}:{priority}"
+
+    def old_ring(self, priority: int) -> str:
+        """LIST (previous layout): tenants with ready jobs at this priority."""
+        return f"{self.prefix}:ring:{priority}"
+
+    def old_credit(self, priority: int) -> str:
+        """HASH (previous layout): tenant -> jobs claimed in its turn at this priority."""
+        return f"{self.prefix}:credit:{priority}"
+
+    def old_weights(self) -> str:
+        """HASH (previous layout): tenant -> fairness weight; now ``limits:{t}`` ``weight``."""
+        return f"{self.prefix}:weights"
+
+    def old_wake(self) -> str:
+        """LIST (previous layout): the one wake-up list of all workers."""
+        return f"{self.prefix}:wake"

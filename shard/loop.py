@@ -1,11 +1,13 @@
 """The shard loop (``shardq-shard``): one active per shard, by a leader lease in its Redis.
 
 The leader promotes due jobs, fires recurring schedules, reaps expired leases and samples
-every tenant's load (:mod:`shard.load`). It sleeps exactly until the next due job or cron
-tick, and wakes at once when an earlier job is scheduled (``enqueue``/``fail`` push a token on
-``promoter_wake``). A standby retries the lease every third of its TTL, so it takes over
-within ~1.3 TTL of the leader dying. Promotion is idempotent, so two leaders for a moment (a
-paused process whose lease ran out) do no harm.
+every tenant's load (:mod:`shard.load`). When it starts leading it also converts what a shard
+written by an earlier shardq still holds in the previous key layout (``upgrade_layout.lua``:
+ready lists without queues, rings per priority, the weights hash), alongside the rest. It
+sleeps exactly until the next due job or cron tick, and wakes at once when an earlier job is
+scheduled (``enqueue``/``fail`` push a token on ``promoter_wake``). A standby retries the lease
+every third of its TTL, so it takes over within ~1.3 TTL of the leader dying. Promotion is
+idempotent, so two leaders for a moment (a paused process whose lease ran out) do no harm.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class ShardLoop:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._keep_lease())
+                group.create_task(self._upgrade_layout())
                 group.create_task(self._promote_forever())
                 group.create_task(self._listen_for_wake())
                 group.create_task(self._reap_forever())
@@ -160,6 +163,20 @@ class ShardLoop:
                 if asyncio.get_running_loop().time() - last_ok > s.leader_ttl_ms / 1000:
                     raise LeadershipLost() from exc
         raise LeadershipLost()  # stopping: unwind the other tasks
+
+    async def _upgrade_layout(self) -> None:
+        """Convert the previous key layout's leftovers once, in capped steps (a no-op on a
+        shard written by this version); retried after a Redis error."""
+        while True:
+            try:
+                moved = await self.shard.upgrade_layout()
+            except RedisError as exc:
+                log.warning("layout upgrade failed: %s", exc)
+                await asyncio.sleep(self.settings.retry_delay_ms / 1000)
+                continue
+            if moved:
+                log.info("moved %d ready jobs of the previous key layout to queue default", moved)
+            return
 
     async def _listen_for_wake(self) -> None:
         while True:

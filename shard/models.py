@@ -8,10 +8,11 @@ so that imports written before the split keep working.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardq.shard.backoff import Backoff
 from shardq.shard.records import (
+    DEFAULT_QUEUE,
     ClaimedJob,
     EnqueueResult,
     FailResult,
@@ -33,11 +34,13 @@ __all__ = [
     "Lease",
     "Limits",
     "NewJob",
+    "Paused",
     "PreparedJob",
     "Schedule",
     "ScheduleSpec",
     "ShardSettings",
     "TenantCounts",
+    "TenantLimits",
     "TenantLoad",
 ]
 
@@ -67,13 +70,43 @@ class ShardSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
-    """Per-tenant admission limits checked atomically with the write. 0 means no limit."""
+class TenantLimits:
+    """One tenant's share and caps on its shard, the six fields of ``shardq.v1.TenantLimits``.
 
-    #: Most jobs a tenant may have scheduled, ready or active at once.
+    0 means "not set" everywhere. On the shard (``ShardClient.set_limits``) a set field is
+    stored in the tenant's ``limits:{t}`` hash and an unset one is absent from it. As a job's
+    ``NewJob.limits`` these are the caller's *defaults*: ``enqueue.lua`` uses them for the
+    admission limits the tenant's hash does not set (the weight and the active cap are read by
+    claims from the hash alone). With no value anywhere a limit does not apply (weight: 1).
+    """
+
+    #: Jobs the tenant gets per round-robin turn in each queue, 1..1000 (0: not set, 1).
+    weight: int = 0
+    #: Most jobs of the tenant ACTIVE at once, over all its queues (claim parks it there).
+    max_active: int = 0
+    #: Submits accepted per second, on average (a token bucket).
+    submit_rate_per_s: float = 0.0
+    #: Tokens the bucket holds: submits accepted at once after a quiet spell (0: max(1, rate)).
+    submit_burst: int = 0
+    #: Most jobs of the tenant scheduled, ready or active at once.
     max_pending: int = 0
-    #: Submits per second (token bucket, burst = max(1, rate)).
-    rate_per_s: float = 0.0
+    #: Most payload bytes of the tenant's scheduled, ready and active jobs at once.
+    max_pending_bytes: int = 0
+
+
+def Limits(max_pending: int = 0, rate_per_s: float = 0.0) -> TenantLimits:
+    """The admission defaults as they were spelled before :class:`TenantLimits` (kept for
+    callers written then): a TenantLimits with ``max_pending`` and ``submit_rate_per_s``."""
+    return TenantLimits(max_pending=max_pending, submit_rate_per_s=rate_per_s)
+
+
+class Paused(NamedTuple):
+    """What ``ShardClient.paused(tenant)`` answers: a pair ``(tenant, queues)``."""
+
+    #: The tenant is paused whole: none of its jobs is claimed.
+    tenant: bool
+    #: Queues none of its jobs is claimed from: paused for it alone or for every tenant, sorted.
+    queues: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +124,13 @@ class NewJob:
     max_attempts: int = 0
     #: 0 takes ShardSettings.default_timeout_ms.
     timeout_ms: int = 0
-    limits: Limits = field(default_factory=Limits)
+    #: The caller's defaults for the admission limits the tenant's ``limits:{t}`` hash on the
+    #: shard does not set (rate, burst, pending jobs and bytes); see :class:`TenantLimits`.
+    limits: TenantLimits = field(default_factory=TenantLimits)
     #: Set by the shard API when empty; a caller may fix it (migration keeps IDs).
     job_id: str = ""
+    #: The queue the job waits in; workers claim from the queues they serve.
+    queue: str = DEFAULT_QUEUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +160,10 @@ class TenantCounts:
     submitted: int = 0
     succeeded: int = 0
     failed: int = 0
+    #: Payload bytes of the scheduled, ready and active jobs (a gauge).
+    bytes: int = 0
+    #: Jobs handed back by a worker without their handler (``release(avoid_ms > 0)``), ever.
+    unrunnable: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +196,10 @@ class TenantLoad:
     fail_per_s: float = 0.0
     #: When the rates were sampled, unix ms; 0 before the first sample.
     at_ms: int = 0
+    #: Payload bytes of the scheduled, ready and active jobs (the ``bytes`` gauge).
+    pending_bytes: int = 0
+    #: Jobs handed back by a worker that had no handler of their name, ever (``unrunnable``).
+    unrunnable_total: int = 0
 
     @property
     def pending(self) -> int:
@@ -187,6 +232,8 @@ class TenantLoad:
             complete_per_s=rate("complete_per_s"),
             fail_per_s=rate("fail_per_s"),
             at_ms=at if isinstance(at, int) else 0,
+            pending_bytes=gauge("bytes"),
+            unrunnable_total=gauge("unrunnable"),
         )
 
 

@@ -17,7 +17,11 @@ from typing import Any
 
 from shardq.shard import cron
 from shardq.shard.client import ShardClient
+from shardq.shard.models import TenantLimits
 from shardq.shard.records import DedupeEntry, JobField, JobState
+
+#: The counters (that only grow) a move adds to the target; gauges follow the jobs.
+MOVED_COUNTERS = ("submitted", "succeeded", "failed", "unrunnable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,18 @@ class ScheduleCopy:
     spec: str
     #: The tick the target fires first.
     next_tick_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TenantControls:
+    """What a move carries besides jobs and schedules: the tenant's limits and pause state."""
+
+    limits: TenantLimits
+    #: Paused whole (``ShardClient.pause(tenant)``).
+    paused: bool
+    #: Its own paused queues (``ShardClient.pause(tenant, queue)``); queues paused for every
+    #: tenant belong to the shard, not to the tenant, and stay.
+    paused_queues: tuple[str, ...]
 
 
 class ShardSide:
@@ -161,9 +177,12 @@ class ShardSide:
     async def forget_counters(self) -> None:
         await self._r.delete(self.keys.moved_counts(self.tenant))
 
-    async def weight(self) -> int | None:
-        raw = await self._r.hget(self.keys.weights(), self.tenant)
-        return int(raw) if raw is not None else None
+    async def controls(self) -> TenantControls:
+        """The tenant's limits and pause state here (the source's, for the target)."""
+        limits = await self.shard.limits(self.tenant)
+        paused = bool(await self._r.sismember(self.keys.paused(), self.tenant))
+        queues = await self.shard.paused_queues_of(self.tenant)
+        return TenantControls(limits, paused, tuple(queues))
 
     # -- target -------------------------------------------------------------------------
 
@@ -187,7 +206,7 @@ class ShardSide:
 
     async def add_counters(self, move_id: str, counters: dict[str, int], ttl_ms: int) -> bool:
         """Add the source's counters once per ``move_id``; False if they were added before."""
-        pairs = [x for name in ("submitted", "succeeded", "failed") if counters.get(name)
+        pairs = [x for name in MOVED_COUNTERS if counters.get(name)
                  for x in (name, counters[name])]  # fmt: skip
         marker = self.keys.moved_in(self.tenant, move_id)
         added = await self.shard._run(
@@ -195,9 +214,15 @@ class ShardSide:
         )
         return bool(int(added))
 
-    async def adopt_weight(self, weight: int) -> None:
-        """Keep the tenant's fairness weight, unless one was set here already."""
-        await self._r.hsetnx(self.keys.weights(), self.tenant, weight)
+    async def adopt_controls(self, controls: TenantControls) -> None:
+        """Take on the source's limits (unless the tenant has limits here already: an admin
+        set them on both sides meanwhile) and its pauses (added to any here). Repeatable."""
+        if controls.limits != TenantLimits():
+            await self.shard.adopt_limits(self.tenant, controls.limits)
+        if controls.paused:
+            await self.shard.pause(self.tenant)
+        for queue in controls.paused_queues:
+            await self.shard.pause(self.tenant, queue)
 
 
 async def fence_map(shard: ShardClient, version: int, undo: bool = False) -> int:

@@ -8,7 +8,7 @@ a name (``request_id``) keeps its name on both sides. A change to a script's ARG
 change here and in that script's header; ``tests/unit/test_records.py`` holds the two together.
 
 Why a module of its own and not more of :mod:`shard.models`: ``models`` holds the values a
-caller builds and reads (settings, ``NewJob``, ``Limits``, ``Lease``, ``Failure``, loads,
+caller builds and reads (settings, ``NewJob``, ``TenantLimits``, ``Lease``, ``Failure``, loads,
 schedules) and knows nothing of Redis; this module is the wire format, small enough to read
 against the scripts in one sitting. ``models`` re-exports the records so that callers import
 the shard's values from one module.
@@ -23,6 +23,9 @@ from typing import Any, Final
 
 from shardq.shard.codes import ItemCode
 
+#: The queue of a job that names none; a job hash without field ``q`` is in it.
+DEFAULT_QUEUE: Final = "default"
+
 
 class JobState(StrEnum):
     """A job's state, as the scripts store it in hash field ``s`` (:attr:`JobField.STATE`).
@@ -35,7 +38,7 @@ class JobState(StrEnum):
     UNKNOWN = ""
     #: On the delayed ZSETs until its run-at (``promote.lua`` makes it ready).
     SCHEDULED = "scheduled"
-    #: On its tenant's ready list for its priority, waiting for a claim.
+    #: On its tenant's ready list for its queue and priority, waiting for a claim.
     READY = "ready"
     #: Claimed: a worker holds its lease (ZSET ``leases``) and fencing token.
     ACTIVE = "active"
@@ -93,6 +96,9 @@ class JobField(StrEnum):
     FINISHED_AT_MS = "fa"
     LAST_ERROR = "e"
     CANCEL_REQUESTED = "cx"
+    QUEUE = "q"
+    AVOID_WORKER_ID = "xw"
+    AVOID_UNTIL_MS = "xu"
 
     @property
     def attribute(self) -> str:
@@ -119,6 +125,9 @@ JOB_FIELD_DOCS: Final[Mapping[JobField, str]] = {
     JobField.FINISHED_AT_MS: "finished-at, unix ms (terminal states)",
     JobField.LAST_ERROR: "last error",
     JobField.CANCEL_REQUESTED: "1 when cancel was requested while active",
+    JobField.QUEUE: f"queue (absent: {DEFAULT_QUEUE!r}, which is not stored)",
+    JobField.AVOID_WORKER_ID: "worker that handed the job back for want of its handler",
+    JobField.AVOID_UNTIL_MS: "unix ms before which that worker ('xw') may not claim it again",
 }
 
 
@@ -135,8 +144,10 @@ def _text(value: bytes | str | None) -> str:
 class PreparedJob:
     """A job checked and completed by ``ShardClient.prepare``, ready for ``enqueue.lua``.
 
-    The fields are declared in the order ``enqueue.lua`` reads them from its ARGV (12 per job,
-    :data:`ENQUEUE_STRIDE`); :meth:`to_argv` writes them in that order.
+    The fields are declared in the order ``enqueue.lua`` reads them from its ARGV (15 per job,
+    :data:`ENQUEUE_STRIDE`); :meth:`to_argv` writes them in that order. The last four are the
+    caller's defaults for the admission limits the tenant's ``limits:{t}`` hash does not set
+    (``NewJob.limits``): they are checked with the write and not stored.
     """
 
     tenant: str
@@ -150,13 +161,19 @@ class PreparedJob:
     timeout_ms: int
     #: Of handler and payload (``shard.client.digest``): what makes two submits the same job.
     digest: str
-    #: The tenant's pending-jobs quota, checked with the write; 0 = none.
+    #: The queue the job waits in.
+    queue: str
+    #: Default pending-jobs quota (scheduled + ready + active); 0 = none.
     max_pending: int
-    #: The tenant's submit rate (token bucket, burst = max(1, rate)); 0 = no limit.
-    rate_per_s: float
+    #: Default pending-bytes quota (payload bytes of scheduled, ready and active jobs); 0 = none.
+    max_pending_bytes: int
+    #: Default submit rate (token bucket); 0 = no limit.
+    submit_rate_per_s: float
+    #: Default bucket size; 0 = max(1, rate).
+    submit_burst: int
 
     def to_argv(self) -> list[Any]:
-        """This job's 12 ARGV entries for ``enqueue.lua``, in the order it reads them."""
+        """This job's 15 ARGV entries for ``enqueue.lua``, in the order it reads them."""
         return [
             self.tenant,
             self.job_id,
@@ -168,8 +185,11 @@ class PreparedJob:
             self.max_attempts,
             self.timeout_ms,
             self.digest,
+            self.queue,
             self.max_pending,
-            repr(float(self.rate_per_s)),
+            self.max_pending_bytes,
+            repr(float(self.submit_rate_per_s)),
+            self.submit_burst,
         ]
 
 
@@ -252,12 +272,15 @@ class JobRecord:
     finished_at_ms: int
     last_error: str
     cancel_requested: bool
+    queue: str
+    avoid_worker_id: str
+    avoid_until_ms: int
 
     @classmethod
     def from_hash(cls, job_id: str, raw: Mapping[bytes, bytes]) -> JobRecord:
         """The record of an HGETALL of the job's hash. A field the hash lacks (one that a
         script sets only later, like ``w`` before the first claim) reads as 0, ``''`` or
-        False; a missing state as ``JobState.UNKNOWN``."""
+        False; a missing state as ``JobState.UNKNOWN``, a missing queue as the default one."""
         h = {k.decode(): v for k, v in raw.items()}
 
         def i(f: JobField) -> int:
@@ -285,6 +308,9 @@ class JobRecord:
             finished_at_ms=i(JobField.FINISHED_AT_MS),
             last_error=t(JobField.LAST_ERROR),
             cancel_requested=h.get(JobField.CANCEL_REQUESTED) == b"1",
+            queue=t(JobField.QUEUE) or DEFAULT_QUEUE,
+            avoid_worker_id=t(JobField.AVOID_WORKER_ID),
+            avoid_until_ms=i(JobField.AVOID_UNTIL_MS),
         )
 
     @classmethod
@@ -297,7 +323,7 @@ class JobRecord:
             state=result.state, run_at_ms=job.run_at_ms, created_at_ms=result.created_at_ms,
             attempts=0, max_attempts=job.max_attempts, timeout_ms=job.timeout_ms, fence=0,
             worker_id="", started_at_ms=0, finished_at_ms=0, last_error="",
-            cancel_requested=False,
+            cancel_requested=False, queue=job.queue, avoid_worker_id="", avoid_until_ms=0,
         )  # fmt: skip
 
 
@@ -308,7 +334,7 @@ class JobRecord:
 class ClaimedJob:
     """A job this worker now holds a lease on; ``fence`` must accompany every later call.
 
-    The fields are declared in the order of ``claim.lua``'s reply, 12 entries per job
+    The fields are declared in the order of ``claim.lua``'s reply, 13 entries per job
     (:data:`CLAIM_STRIDE`); :meth:`from_reply` reads them in that order.
     """
 
@@ -325,6 +351,8 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     timeout_ms: int
+    #: The queue it was claimed from (hash field ``q``; absent means ``default``).
+    queue: str
 
     @classmethod
     def from_reply(cls, flat: Sequence[Any]) -> list[ClaimedJob]:
@@ -345,6 +373,7 @@ class ClaimedJob:
                 attempt=int(flat[i + 9]),
                 max_attempts=int(flat[i + 10]),
                 timeout_ms=int(flat[i + 11]),
+                queue=flat[i + 12].decode(),
             )
             for i in range(0, len(flat), CLAIM_STRIDE)
         ]

@@ -38,6 +38,10 @@ SCRIPT_NAMES = (
     "move_schedules_out",
     "move_finish",
     "move_counters",
+    "set_limits",
+    "pause",
+    "resume",
+    "upgrade_layout",
 )
 
 

@@ -1,16 +1,23 @@
 -- Shared helpers, prepended to every script of this folder when it is registered (see
--- shard/scripts.py). KEYS[1] is always the key prefix plus ':' (Keys.base()); per-tenant keys
--- that a script only discovers while it runs are derived from it here, spelled exactly as in
--- shard/keys.py (tests/unit/test_keys.py checks that both agree).
+-- shard/scripts.py). KEYS[1] is always the key prefix plus ':' (Keys.base()); per-tenant and
+-- per-queue keys that a script only discovers while it runs are derived from it here, spelled
+-- exactly as in shard/keys.py (tests/unit/test_keys.py checks that both agree).
 local base = KEYS[1]
 local function k_job(id) return base .. 'job:' .. id end
 local function k_scheduled() return base .. 'scheduled' end
 local function k_tscheduled(t) return base .. 'tscheduled:' .. t end
 local function k_tactive(t) return base .. 'tactive:' .. t end
-local function k_ready(t, prio) return base .. 'ready:' .. t .. ':' .. prio end
-local function k_ring(prio) return base .. 'ring:' .. prio end
-local function k_credit(prio) return base .. 'credit:' .. prio end
-local function k_weights() return base .. 'weights' end
+local function k_ready(t, q, prio) return base .. 'ready:' .. t .. ':' .. q .. ':' .. prio end
+local function k_tprio(t, q) return base .. 'tprio:' .. t .. ':' .. q end
+local function k_tqueues(t) return base .. 'tqueues:' .. t end
+local function k_ring(q) return base .. 'qring:' .. q end
+local function k_inring(q) return base .. 'inring:' .. q end
+local function k_credit(q) return base .. 'qcredit:' .. q end
+local function k_limits(t) return base .. 'limits:' .. t end
+local function k_paused() return base .. 'paused' end
+local function k_qpaused() return base .. 'qpaused' end
+local function k_tqpaused() return base .. 'tqpaused' end
+local function k_parked() return base .. 'parked' end
 local function k_leases() return base .. 'leases' end
 local function k_fence() return base .. 'fence' end
 local function k_dead(t) return base .. 'dead:' .. t end
@@ -18,7 +25,7 @@ local function k_dedupe(t, rid) return base .. 'dedupe:' .. t .. ':' .. rid end
 local function k_counts(t) return base .. 'counts:' .. t end
 local function k_tenants() return base .. 'tenants' end
 local function k_bucket(t) return base .. 'bucket:' .. t end
-local function k_wake() return base .. 'wake' end
+local function k_wake(q) return base .. 'wake:' .. q end
 local function k_promoter_wake() return base .. 'promoter_wake' end
 local function k_schedules(t) return base .. 'schedules:' .. t end
 local function k_cron() return base .. 'cron' end
@@ -26,20 +33,90 @@ local function k_map_fence() return base .. 'mapfence' end
 local function k_moving(t) return base .. 'moving:' .. t end
 local function k_moving_schedules(t) return base .. 'movingsched:' .. t end
 local function k_moved_counts(t) return base .. 'movedcounts:' .. t end
+-- The previous layout (one queue; rings per priority), read only by upgrade_layout.lua.
+local function k_old_ready(t, prio) return base .. 'ready:' .. t .. ':' .. prio end
+local function k_old_ring(prio) return base .. 'ring:' .. prio end
+local function k_old_credit(prio) return base .. 'credit:' .. prio end
+local function k_old_weights() return base .. 'weights' end
+local function k_old_wake() return base .. 'wake' end
 
--- Most wake-up tokens kept for idle workers; more would only cause empty claims.
+-- The queue of a job hash without field 'q'.
+local DEFAULT_QUEUE = 'default'
+
+-- Most wake-up tokens kept for idle workers of a queue; more would only cause empty claims.
 local WAKE_CAP = 64
 
--- Append a job to its tenant's ready list; a list that was empty puts the tenant on the ring.
-local function push_ready(id, tenant, prio)
-  if redis.call('RPUSH', k_ready(tenant, prio), id) == 1 then
-    redis.call('RPUSH', k_ring(prio), tenant)
+local function wake_workers(q)
+  redis.call('LPUSH', k_wake(q), '1')
+  redis.call('LTRIM', k_wake(q), 0, WAKE_CAP - 1)
+end
+
+-- Queues whose workers a script wakes once at its end, and per tenant the change of its
+-- pending payload bytes to add once at its end: settle() does both.
+local to_wake = {}
+local bytes_delta = {}
+
+local function add_bytes(t, n)
+  bytes_delta[t] = (bytes_delta[t] or 0) + n
+end
+
+-- The end of every script that makes jobs ready or moves them into or out of the pending
+-- states. The 'bytes' gauge never goes below 0 (jobs of a shard upgraded from the previous
+-- layout were never counted in it).
+local function settle()
+  for t, n in pairs(bytes_delta) do
+    if n ~= 0 and redis.call('HINCRBY', k_counts(t), 'bytes', n) < 0 then
+      redis.call('HSET', k_counts(t), 'bytes', 0)
+    end
+  end
+  for q in pairs(to_wake) do wake_workers(q) end
+end
+
+-- Put the tenant at the end of the queue's ring unless it is on it already.
+local function ring_tenant(t, q)
+  if redis.call('SADD', k_inring(q), t) == 1 then redis.call('RPUSH', k_ring(q), t) end
+end
+
+-- Append a job to its tenant's ready list of its queue and priority. A list that was empty
+-- adds the priority to the tenant's priorities in the queue (tprio) and the queue to its
+-- queues (tqueues), and puts the tenant on the queue's ring (claim drops it lazily there if it
+-- is paused or parked).
+local function push_ready(id, t, q, prio)
+  if redis.call('RPUSH', k_ready(t, q, prio), id) == 1 then
+    redis.call('ZADD', k_tprio(t, q), prio, prio)
+    redis.call('SADD', k_tqueues(t), q)
+    ring_tenant(t, q)
+  end
+  to_wake[q] = true
+end
+
+-- Put a tenant that may be served again (resumed, un-parked) back on the ring of each queue
+-- where it has ready jobs and that is not paused for it alone, and wake those queues'
+-- workers. Nothing while it is still paused whole or parked. O(queues it has ready jobs in).
+local function rering(t)
+  if redis.call('SISMEMBER', k_paused(), t) == 1 or redis.call('SISMEMBER', k_parked(), t) == 1 then
+    return
+  end
+  for _, q in ipairs(redis.call('SMEMBERS', k_tqueues(t))) do
+    if redis.call('SISMEMBER', k_tqpaused(), t .. '/' .. q) == 0 then
+      ring_tenant(t, q)
+      to_wake[q] = true
+    end
   end
 end
 
-local function wake_workers()
-  redis.call('LPUSH', k_wake(), '1')
-  redis.call('LTRIM', k_wake(), 0, WAKE_CAP - 1)
+-- Whether any tenant is parked, read once per script (only claim.lua and set_limits.lua park).
+local any_parked = nil
+
+-- Un-park a parked tenant whose active jobs are now below its max_active (or that has no cap).
+local function unpark_if_below_cap(t, active)
+  if any_parked == nil then any_parked = redis.call('SCARD', k_parked()) > 0 end
+  if not any_parked or redis.call('SISMEMBER', k_parked(), t) == 0 then return end
+  local cap = tonumber(redis.call('HGET', k_limits(t), 'max_active') or '0') or 0
+  if cap == 0 or active < cap then
+    redis.call('SREM', k_parked(), t)
+    rering(t)
+  end
 end
 
 -- Wake the shard loop when `at` comes before everything in `zset` (it sleeps until then).
@@ -63,11 +140,18 @@ local function push_dead(id, tenant, now)
   redis.call('HINCRBY', k_counts(tenant), 'dead', 1)
 end
 
--- Ends an active job's lease: off the lease ZSETs, one fewer active.
+-- The job leaves scheduled/ready/active for good (done, dead, cancelled, moved away): its
+-- payload no longer counts in the tenant's 'bytes' (at settle()).
+local function uncount_bytes(job, tenant)
+  add_bytes(tenant, -redis.call('HSTRLEN', job, 'p'))
+end
+
+-- Ends an active job's lease: off the lease ZSETs, one fewer active; a tenant parked at its
+-- max_active is un-parked (back on its rings, workers woken) once below it.
 local function end_lease(id, tenant)
   redis.call('ZREM', k_leases(), id)
   redis.call('ZREM', k_tactive(tenant), id)
-  redis.call('HINCRBY', k_counts(tenant), 'active', -1)
+  unpark_if_below_cap(tenant, redis.call('HINCRBY', k_counts(tenant), 'active', -1))
 end
 
 -- Codes shared with shard/codes.py (ItemCode).

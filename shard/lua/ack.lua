@@ -1,10 +1,14 @@
 -- Mark jobs done after their result rows are committed. A stale fencing token is refused and
 -- changes nothing; a job cancelled while it ran ends as cancelled, not succeeded.
--- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, counts keys
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, counts, limits,
+--                                              parked, paused, tqpaused, tqueues, qring,
+--                                              inring, wake keys
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  retention_ms              (int)     how long the finished job hash is kept
 -- ARGV[3..] pairs: job_id, fence    (string, int) fence must equal job hash field 'f'
--- An acked job gets 's' = 'succeeded' (or 'cancelled' when its 'cx' is 1) and 'fa' = now_ms.
+-- An acked job gets 's' = 'succeeded' (or 'cancelled' when its 'cx' is 1) and 'fa' = now_ms;
+-- its payload leaves counts:{t} 'bytes'. A tenant parked at its max_active is un-parked (back
+-- on its rings, their workers woken) once below it.
 -- Returns  one code per pair: OK | CANCELLED (ended as cancelled) | STALE_LEASE
 local now, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
@@ -26,6 +30,8 @@ for i = 3, #ARGV, 2 do
       out[#out + 1] = OK
     end
     redis.call('PEXPIRE', job, retention)
+    uncount_bytes(job, tenant)
   end
 end
+settle()
 return out

@@ -1,12 +1,14 @@
 -- Cancel one job of a tenant. Scheduled and ready jobs end at once (a ready job's ID is left in
 -- its list and skipped by claim, which keeps this O(log N)); an active job is marked so that
 -- its completion is recorded as cancelled, and its worker learns it at the next heartbeat.
--- KEYS[1]  {prefix}:                 (prefix)  derives job, scheduled, tscheduled, counts keys
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, scheduled, tscheduled, counts,
+--                                              moving keys
 -- ARGV[1]  tenant                    (string)  the caller's tenant: another's job is NOT_FOUND
 -- ARGV[2]  job_id                    (string)
 -- ARGV[3]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[4]  retention_ms              (int)     how long the cancelled job hash is kept
--- An active job gets 'cx' = 1; a job cancelled here gets 's' = 'cancelled' and 'fa' = now_ms.
+-- An active job gets 'cx' = 1; a job cancelled here gets 's' = 'cancelled' and 'fa' = now_ms,
+-- and its payload leaves counts:{t} 'bytes'.
 -- Returns  {code, state}, state being job hash field 's' ('' when there is no job):
 --          OK ('cancelled') | CANCEL_REQUESTED ('active')
 --          | ALREADY_TERMINAL (its final state) | NOT_FOUND
@@ -28,6 +30,8 @@ elseif state ~= 'ready' then
   return {ALREADY_TERMINAL, state}
 end
 redis.call('HINCRBY', k_counts(tenant), state, -1)
+uncount_bytes(job, tenant)
+settle()
 redis.call('HSET', job, 's', 'cancelled', 'fa', now)
 redis.call('PEXPIRE', job, retention)
 return {OK, 'cancelled'}

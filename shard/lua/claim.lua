@@ -1,17 +1,29 @@
--- Claim up to N ready jobs: the highest priority first; within a priority, tenants in
--- round-robin (a tenant of weight w gets w jobs per turn). Each claim takes a new fencing
--- token and a lease. O(1) per job in the number of tenants and jobs.
--- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, ring, credit, tactive, counts
+-- Claim up to N ready jobs from the given queues, one job from each queue in turn (the caller
+-- rotates the order between calls). In a queue, tenants first: the tenants with ready jobs
+-- take turns (a tenant of weight w gets w jobs per turn); then the tenant's highest priority
+-- with a ready job; then FIFO. A tenant's priorities never reorder tenants. Skipped: a queue
+-- paused for everyone; a tenant paused whole, paused in the queue, or parked at its
+-- max_active (dropped from the ring here, put back by resume or by the end of an active job);
+-- a job that this worker handed back for want of its handler until its 'xu' (put back at the
+-- tail of its list for another worker). Each claim takes a new fencing token and a lease.
+-- O(1) per claimed job in the number of tenants and jobs: one ring read, one ZSET read of at
+-- most 10 members, one list pop (plus a few reads per tenant per call).
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, tprio, tqueues, qring,
+--                                              inring, qcredit, limits, paused, qpaused,
+--                                              tqpaused, parked, tactive, counts, wake keys
 -- KEYS[2]  {prefix}:fence            (STRING)  fencing-token counter
 -- KEYS[3]  {prefix}:leases           (ZSET)    job_id scored by lease deadline (unix ms)
--- KEYS[4]  {prefix}:weights          (HASH)    tenant -> jobs per round-robin turn
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  lease_ms                  (int)     lease length granted by this claim
 -- ARGV[3]  max_jobs                  (int)     most jobs to claim
 -- ARGV[4]  worker_id                 (string)  -> job hash field 'w' of each claimed job
--- Each claimed job's hash gets 's' = 'active', 'f' = its new fence, 'sa' = now_ms, 'at' + 1.
--- Returns  a flat list, 12 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
---          entry j of job k = 0, 1, ... is reply[k*12+j]; "<- 'x'" names the hash field read
+-- ARGV[5..] queues                   (string)  the queues to claim from, in this call's order
+-- Reads limits:{t} 'weight' (jobs per turn, absent: 1) and 'max_active' (absent: no cap).
+-- Each claimed job's hash gets 's' = 'active', 'f' = its new fence, 'sa' = now_ms, 'at' + 1,
+-- and loses 'xw'/'xu'; its tenant's 'ready' and 'active' gauges move (once per tenant per
+-- call). A tenant whose active jobs reach its max_active joins 'parked'.
+-- Returns  a flat list, 13 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
+--          entry j of job k = 0, 1, ... is reply[k*13+j]; "<- 'x'" names the hash field read
 --   j=1   job_id           (string)          the hash's key {prefix}:job:{job_id}
 --   j=2   fence            (int)             <- 'f' (the token this claim took)
 --   j=3   tenant           (string)          <- 't'
@@ -24,64 +36,222 @@
 --   j=10  attempt          (int)             <- 'at' (this claim counted: 1 for a first run)
 --   j=11  max_attempts     (int)             <- 'ma'
 --   j=12  timeout_ms       (int, ms)         <- 'to'
--- When the batch filled up and work remains, one wake-up token is left for another worker.
+--   j=13  queue            (string)          <- 'q' (the queue it was claimed from)
+-- When the batch filled up (or the skip cap was hit) and work remains in a queue, one wake-up
+-- token is left on that queue's wake list for another worker.
 local now, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local max_jobs, worker = tonumber(ARGV[3]), ARGV[4]
 local deadline = now + lease_ms
 local out = {}
 local claimed = 0
--- Lazily removed (cancelled) IDs popped on the way; capped so one call stays short.
+-- Ring entries and job IDs passed over on the way (cancelled IDs, paused or parked tenants,
+-- jobs this worker must avoid); capped so one call stays short.
 local skipped, MAX_SKIP = 0, 1000
 
--- Rotate the ring after serving `tenant` once; drop it when its list is empty.
-local function advance(ring, prio, tenant, remaining)
-  if remaining == 0 then
-    redis.call('LPOP', ring)
-    redis.call('HDEL', k_credit(prio), tenant)
-    return
-  end
-  local w = tonumber(redis.call('HGET', KEYS[4], tenant) or '1') or 1
-  if w > 1 and redis.call('HINCRBY', k_credit(prio), tenant, 1) < w then return end
-  if w > 1 then redis.call('HDEL', k_credit(prio), tenant) end
-  redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+-- Which of the pause and park sets exist (hold anyone): one EXISTS in the usual case of none.
+local any_paused, any_tqpaused, any_qpaused = false, false, false
+any_parked = false
+if redis.call('EXISTS', k_paused(), k_tqpaused(), k_qpaused(), k_parked()) > 0 then
+  any_paused = redis.call('EXISTS', k_paused()) == 1
+  any_tqpaused = redis.call('EXISTS', k_tqpaused()) == 1
+  any_qpaused = redis.call('EXISTS', k_qpaused()) == 1
+  any_parked = redis.call('EXISTS', k_parked()) == 1
 end
 
-for prio = 9, 0, -1 do
-  local ring = k_ring(prio)
-  while claimed < max_jobs and skipped < MAX_SKIP do
-    local tenant = redis.call('LINDEX', ring, 0)
-    if not tenant then break end
-    local rkey = k_ready(tenant, prio)
-    local id = redis.call('LPOP', rkey)
-    advance(ring, prio, tenant, redis.call('LLEN', rkey))
-    local job = id and k_job(id)
-    if id and redis.call('HGET', job, 's') == 'ready' then
-      local fence = redis.call('INCR', KEYS[2])
-      local attempts = redis.call('HINCRBY', job, 'at', 1)
-      redis.call('HSET', job, 's', 'active', 'f', fence, 'w', worker, 'sa', now)
-      redis.call('ZADD', KEYS[3], deadline, id)
-      redis.call('ZADD', k_tactive(tenant), now, id)
-      redis.call('HINCRBY', k_counts(tenant), 'ready', -1)
-      redis.call('HINCRBY', k_counts(tenant), 'active', 1)
-      local f = redis.call('HMGET', job, 'r', 'h', 'p', 'pr', 'ra', 'ca', 'ma', 'to')
-      local n = #out
-      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, fence, tenant, f[1]
-      out[n + 5], out[n + 6], out[n + 7], out[n + 8] = f[2], f[3], f[4], f[5]
-      out[n + 9], out[n + 10], out[n + 11], out[n + 12] = f[6], attempts, f[7], f[8]
-      claimed = claimed + 1
-    else
+-- Per tenant met in this call: {w = weight, cap = max_active, active, paused, parked}.
+local tenants = {}
+local function tenant_of(t)
+  local i = tenants[t]
+  if i then return i end
+  local l = redis.call('HMGET', k_limits(t), 'weight', 'max_active')
+  i = {w = math.max(1, tonumber(l[1]) or 1), cap = tonumber(l[2]) or 0, active = 0,
+       paused = any_paused and redis.call('SISMEMBER', k_paused(), t) == 1,
+       parked = any_parked and redis.call('SISMEMBER', k_parked(), t) == 1}
+  if i.cap > 0 then i.active = tonumber(redis.call('HGET', k_counts(t), 'active') or '0') or 0 end
+  tenants[t] = i
+  return i
+end
+
+local function park(t, i)
+  redis.call('SADD', k_parked(), t)
+  i.parked = true
+end
+
+-- Whether the tenant may not be served in queue q now (parks it if it is at its cap).
+local function blocked(t, i, q)
+  if i.paused or i.parked then return true end
+  if i.cap > 0 and i.active >= i.cap then
+    park(t, i)
+    return true
+  end
+  return any_tqpaused and redis.call('SISMEMBER', k_tqpaused(), t .. '/' .. q) == 1
+end
+
+-- The ring's head tenant leaves it (nothing to serve, or not to be served now).
+local function drop_head(q, t)
+  redis.call('LPOP', k_ring(q))
+  redis.call('SREM', k_inring(q), t)
+  redis.call('HDEL', k_credit(q), t)
+end
+
+-- The head tenant's turn ends: it goes to the ring's end (and its credit, if it may have
+-- one, goes).
+local function end_turn(q, t, credit)
+  if credit then redis.call('HDEL', k_credit(q), t) end
+  redis.call('LMOVE', k_ring(q), k_ring(q), 'LEFT', 'RIGHT')
+end
+
+-- After serving the head tenant once: drop it when it has no ready job left in q, else
+-- rotate it after w jobs.
+local function advance(q, t, remaining, w)
+  if not remaining then
+    drop_head(q, t)
+  elseif w <= 1 then
+    end_turn(q, t, false)
+  elseif redis.call('HINCRBY', k_credit(q), t, 1) >= w then
+    end_turn(q, t, true)
+  end
+end
+
+-- Per queue, per tenant met: its highest priority with a ready job in the queue. Only this
+-- call changes it meanwhile: it is read again once that priority's list is emptied.
+local tops = {}
+local function top_priority(q, t, tprio)
+  local top = tops[q][t]
+  if not top then
+    top = redis.call('ZREVRANGE', tprio, 0, 0)[1]
+    tops[q][t] = top
+  end
+  return top
+end
+
+-- Job IDs this worker must avoid met in this call; per queue, tenants whose highest priority
+-- holds only such jobs (and how many): they are passed over for the rest of the call.
+local avoided, stuck, n_stuck = {}, {}, {}
+
+-- The fencing counter, read at the first claim and written back once at the end.
+local fence = nil
+-- Per tenant: jobs claimed in this call (its 'ready' and 'active' gauges change once, at the end).
+local taken = {}
+
+local function take(q, t, i, id, j)
+  local job = k_job(id)
+  fence = (fence or tonumber(redis.call('GET', KEYS[2]) or '0')) + 1
+  local attempts = (tonumber(j[12]) or 0) + 1
+  redis.call('HSET', job, 's', 'active', 'f', string.format('%d', fence), 'w', worker, 'sa', now,
+    'at', attempts)
+  if j[2] then redis.call('HDEL', job, 'xw', 'xu') end
+  redis.call('ZADD', KEYS[3], deadline, id)
+  redis.call('ZADD', k_tactive(t), now, id)
+  taken[t] = (taken[t] or 0) + 1
+  if i.cap > 0 then
+    i.active = i.active + 1
+    if i.active >= i.cap then park(t, i) end
+  end
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, fence, t, j[4]
+  out[n + 5], out[n + 6], out[n + 7], out[n + 8] = j[5], j[6], j[7], j[8]
+  out[n + 9], out[n + 10], out[n + 11], out[n + 12] = j[9], attempts, j[10], j[11]
+  out[n + 13] = q
+  claimed = claimed + 1
+end
+
+-- Claim one job from queue q; false when q has nothing more for this call.
+local function claim_from(q)
+  local ring = k_ring(q)
+  while skipped < MAX_SKIP do
+    local t = redis.call('LINDEX', ring, 0)
+    if not t then return false end
+    local i = tenant_of(t)
+    if blocked(t, i, q) then
+      drop_head(q, t)
       skipped = skipped + 1
+    elseif stuck[q][t] then
+      if n_stuck[q] >= redis.call('LLEN', ring) then return false end
+      end_turn(q, t, true)
+      skipped = skipped + 1
+    else
+      local tprio = k_tprio(t, q)
+      local prio = top_priority(q, t, tprio)
+      local rkey = prio and k_ready(t, q, prio)
+      local id = prio and redis.call('LPOP', rkey)
+      if not id then
+        -- No ready job in q after all: off the ring (and any stale priority with it).
+        if prio then redis.call('ZREM', tprio, prio) end
+        tops[q][t] = nil
+        if redis.call('ZCARD', tprio) == 0 then
+          redis.call('SREM', k_tqueues(t), q)
+          drop_head(q, t)
+        end
+        skipped = skipped + 1
+      else
+        local remaining = true
+        if redis.call('LLEN', rkey) == 0 then
+          tops[q][t] = nil
+          redis.call('ZREM', tprio, prio)
+          if redis.call('ZCARD', tprio) == 0 then
+            redis.call('SREM', k_tqueues(t), q)
+            remaining = false
+          end
+        end
+        local j = redis.call('HMGET', k_job(id), 's', 'xw', 'xu', 'r', 'h', 'p', 'pr', 'ra', 'ca',
+          'ma', 'to', 'at')
+        if j[1] == 'ready' and j[2] == worker and (tonumber(j[3]) or 0) > now then
+          -- Handed back by this worker, which lacks its handler: to the tail, for another.
+          if redis.call('RPUSH', rkey, id) == 1 then
+            redis.call('ZADD', tprio, prio, prio)
+            redis.call('SADD', k_tqueues(t), q)
+          end
+          if avoided[id] and not stuck[q][t] then
+            stuck[q][t] = true
+            n_stuck[q] = n_stuck[q] + 1
+          end
+          avoided[id] = true
+          end_turn(q, t, true)
+          skipped = skipped + 1
+        else
+          advance(q, t, remaining, i.w)
+          if j[1] == 'ready' then
+            take(q, t, i, id, j)
+            return true
+          end
+          skipped = skipped + 1 -- cancelled while ready: removed lazily, here
+        end
+      end
     end
   end
-  if claimed >= max_jobs or skipped >= MAX_SKIP then break end
+  return false
+end
+
+local queues, served = {}, {}
+for k = 5, #ARGV do
+  local q = ARGV[k]
+  if not (any_qpaused and redis.call('SISMEMBER', k_qpaused(), q) == 1) then
+    queues[#queues + 1] = q
+    served[#served + 1] = q
+    stuck[q], n_stuck[q], tops[q] = {}, 0, {}
+  end
+end
+
+local at = 1
+while claimed < max_jobs and skipped < MAX_SKIP and #queues > 0 do
+  if at > #queues then at = 1 end
+  if claim_from(queues[at]) then
+    at = at + 1
+  else
+    table.remove(queues, at)
+  end
+end
+
+if fence then redis.call('SET', KEYS[2], string.format('%d', fence)) end
+for t, n in pairs(taken) do
+  redis.call('HINCRBY', k_counts(t), 'ready', -n)
+  redis.call('HINCRBY', k_counts(t), 'active', n)
 end
 
 if claimed >= max_jobs or skipped >= MAX_SKIP then
-  for prio = 9, 0, -1 do
-    if redis.call('LLEN', k_ring(prio)) > 0 then
-      wake_workers()
-      break
-    end
+  for _, q in ipairs(served) do
+    if redis.call('LLEN', k_ring(q)) > 0 then wake_workers(q) end
   end
 end
 return out

@@ -2,7 +2,9 @@
 -- tenant's dead-letter set when attempts are used up or the failure is permanent. The retry
 -- time (exponential backoff with jitter) is computed by the caller: no clock or randomness here.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, scheduled,
---                                              tscheduled, dead, counts, promoter_wake keys
+--                                              tscheduled, dead, counts, promoter_wake, limits,
+--                                              parked, paused, tqpaused, tqueues, qring,
+--                                              inring, wake keys
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  retention_ms              (int)     how long a job cancelled meanwhile is kept
 -- ARGV[3..] 5 entries per job (a Failure); "-> 'x'" names the job hash field it is stored in
@@ -11,7 +13,9 @@
 --   error                            (string)  -> 'e'
 --   retry_at_ms                      (int)     -> 'ra' when retried (and the delayed ZSET score)
 --   permanent                        (0 | 1)   1 = dead now, whatever attempts remain
--- A job that ends (dead, cancelled) also gets 'fa' = now_ms; 's' is set to the state returned.
+-- A job that ends (dead, cancelled) also gets 'fa' = now_ms and its payload leaves
+-- counts:{t} 'bytes'; 's' is set to the state returned. A tenant parked at its max_active is
+-- un-parked once below it.
 -- Returns  one {code, state} per job (FailResult), state being 's' after the call: OK with
 --          'scheduled' or 'dead' | CANCELLED (cancel was requested while it ran)
 --          | STALE_LEASE (nothing changed; the job's 's', '' when there is no job)
@@ -31,10 +35,12 @@ for i = 3, #ARGV, 5 do
     if j[3] == '1' then
       redis.call('HSET', job, 's', 'cancelled', 'fa', now, 'e', err)
       redis.call('PEXPIRE', job, retention)
+      uncount_bytes(job, tenant)
       out[#out + 1] = {CANCELLED, 'cancelled'}
     elseif permanent or tonumber(j[5]) >= tonumber(j[6]) then
       redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', err)
       push_dead(id, tenant, now)
+      uncount_bytes(job, tenant)
       out[#out + 1] = {OK, 'dead'}
     else
       redis.call('HSET', job, 's', 'scheduled', 'ra', retry_at, 'e', err)
@@ -44,4 +50,5 @@ for i = 3, #ARGV, 5 do
     end
   end
 end
+settle()
 return out

@@ -1,6 +1,6 @@
--- Add a moved tenant's counters (submitted, succeeded, failed) from the source to this
--- (target) shard, once per move: the marker key set here in the same step makes a re-run add
--- nothing. Gauges are not added: they follow the jobs, which move_in counted.
+-- Add a moved tenant's counters (submitted, succeeded, failed, unrunnable) from the source to
+-- this (target) shard, once per move: the marker key set here in the same step makes a re-run
+-- add nothing. Gauges (with 'bytes') are not added: they follow the jobs, which move_in counted.
 -- KEYS[1]  {prefix}:                 (prefix)  derives counts
 -- KEYS[2]  {prefix}:movedin:{tenant}:{move_id}  (STRING)  the once-per-move marker
 -- KEYS[3]  {prefix}:load              (HASH)    the shard loop's load samples: the tenant's is

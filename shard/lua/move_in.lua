@@ -1,17 +1,20 @@
 -- Add a moving tenant's jobs, dedupe keys and recurring schedules to this (target) shard, each
--- exactly as it was on the source: state, priority, run-at, attempts and fencing token. A job
+-- exactly as it was on the source: state, queue, priority, run-at, attempts and fencing
+-- token (a ready job joins its tenant's list, priorities and ring of its queue). A job
 -- already here (or whose dedupe key says it was) is skipped, so a re-run mover adds nothing
 -- twice. The shard's fencing counter is raised past every imported token, so a later claim
 -- here always takes a higher one.
--- KEYS[1]  {prefix}:                 (prefix)  derives job, scheduled, tscheduled, ready, ring,
---                                              dead, dedupe, counts, tenants, fence, wake,
---                                              promoter_wake, schedules, cron keys
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, scheduled, tscheduled, ready,
+--                                              tprio, tqueues, qring, inring, dead, dedupe,
+--                                              counts, tenants, fence, wake, promoter_wake,
+--                                              schedules, cron keys
 -- ARGV[1]  tenant
 -- ARGV[2]  now_ms                    (int)
 -- ARGV[3]  n_jobs, ARGV[4] n_dedupe, ARGV[5] n_schedules
 -- ARGV[6..] n_jobs records:      job_id, pttl_ms (-1 = none), n_fields, field, value, ...
 --                                 (the source's job hash, field by field as stored: 't', 'r',
---                                 's', 'pr', 'ra', 'fa', 'f' are read here, the rest copied)
+--                                 's', 'pr', 'q', 'p', 'ra', 'fa', 'f' are read here, the rest
+--                                 copied; a scheduled or ready job's payload counts in 'bytes')
 --           n_dedupe records:    request_id, value, pttl_ms
 --           n_schedules records: schedule_id, spec (JSON), next_tick_ms
 -- Returns  {jobs added, dedupe keys added, schedules added}
@@ -19,7 +22,6 @@ local tenant, now = ARGV[1], tonumber(ARGV[2])
 local n_jobs, n_dedupe, n_sched = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local i = 6
 local added_jobs, added_dedupe, added_sched = 0, 0, 0
-local woke = false
 local top_fence = tonumber(redis.call('GET', k_fence()) or '0')
 
 for _ = 1, n_jobs do
@@ -38,11 +40,13 @@ for _ = 1, n_jobs do
       push_scheduled(id, tenant, tonumber(f['ra']))
       redis.call('HINCRBY', k_counts(tenant), 'scheduled', 1)
     elseif state == 'ready' then
-      push_ready(id, tenant, f['pr'])
+      push_ready(id, tenant, f['q'] or DEFAULT_QUEUE, f['pr'])
       redis.call('HINCRBY', k_counts(tenant), 'ready', 1)
-      woke = true
     elseif state == 'dead' then
       push_dead(id, tenant, tonumber(f['fa']) or now)
+    end
+    if state == 'scheduled' or state == 'ready' then
+      add_bytes(tenant, #(f['p'] or ''))
     end
     if pttl > 0 then redis.call('PEXPIRE', job, pttl) end
     local fence = tonumber(f['f']) or 0
@@ -74,5 +78,5 @@ for _ = 1, n_sched do
 end
 
 if added_jobs + added_dedupe + added_sched > 0 then redis.call('SADD', k_tenants(), tenant) end
-if woke then wake_workers() end
+settle()
 return {added_jobs, added_dedupe, added_sched}

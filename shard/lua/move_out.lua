@@ -1,10 +1,12 @@
 -- Take up to `limit` of a moving tenant's queued jobs off this (source) shard: scheduled jobs,
--- then ready jobs (most urgent first), then dead jobs. They leave every queue and gauge here
--- and their IDs go to the tenant's `moving` set; their hashes stay until the target has them
--- (move_drop). Nothing here runs them any more, and a mover that dies leaves them findable.
--- Active jobs are not touched: they finish, and are acked, here.
--- KEYS[1]  {prefix}:                 (prefix)  derives tscheduled, scheduled, ready, ring,
---                                              credit, dead, counts, job, moving keys
+-- then ready jobs (queue by queue, most urgent first), then dead jobs. They leave every queue,
+-- ring and gauge here (their payloads leave 'bytes') and their IDs go to the tenant's `moving`
+-- set; their hashes stay until the target has them (move_drop). Nothing here runs them any
+-- more, and a mover that dies leaves them findable. Active jobs are not touched: they finish,
+-- and are acked, here.
+-- KEYS[1]  {prefix}:                 (prefix)  derives tscheduled, scheduled, tqueues, tprio,
+--                                              ready, qring, inring, qcredit, dead, counts,
+--                                              job, moving keys
 -- ARGV[1]  tenant
 -- ARGV[2]  limit                     (int)     most jobs to take
 -- Returns  the number of jobs taken
@@ -14,6 +16,7 @@ local taken = 0
 local function take(id, state)
   redis.call('SADD', k_moving(tenant), id)
   redis.call('HINCRBY', k_counts(tenant), state, -1)
+  if state ~= 'dead' then uncount_bytes(k_job(id), tenant) end
   taken = taken + 1
 end
 
@@ -23,20 +26,26 @@ for _, id in ipairs(redis.call('ZRANGE', k_tscheduled(tenant), 0, limit - 1)) do
   take(id, 'scheduled')
 end
 
-for prio = 9, 0, -1 do
+for _, q in ipairs(redis.call('SMEMBERS', k_tqueues(tenant))) do
   if taken >= limit then break end
-  local rkey = k_ready(tenant, prio)
-  local ids = redis.call('LRANGE', rkey, 0, limit - taken - 1)
-  if #ids > 0 then
+  local tprio = k_tprio(tenant, q)
+  for _, prio in ipairs(redis.call('ZREVRANGE', tprio, 0, -1)) do
+    if taken >= limit then break end
+    local rkey = k_ready(tenant, q, prio)
+    local ids = redis.call('LRANGE', rkey, 0, limit - taken - 1)
     redis.call('LTRIM', rkey, #ids, -1)
     for _, id in ipairs(ids) do
       -- A job cancelled while ready is only skipped by claim; here it is simply dropped.
       if redis.call('HGET', k_job(id), 's') == 'ready' then take(id, 'ready') end
     end
-    if redis.call('LLEN', rkey) == 0 then
-      redis.call('LREM', k_ring(prio), 0, tenant)
-      redis.call('HDEL', k_credit(prio), tenant)
+    if redis.call('LLEN', rkey) == 0 then redis.call('ZREM', tprio, prio) end
+  end
+  if redis.call('ZCARD', tprio) == 0 then
+    redis.call('SREM', k_tqueues(tenant), q)
+    if redis.call('SREM', k_inring(q), tenant) == 1 then
+      redis.call('LREM', k_ring(q), 0, tenant)
     end
+    redis.call('HDEL', k_credit(q), tenant)
   end
 end
 
@@ -46,4 +55,5 @@ if taken < limit then
     take(id, 'dead')
   end
 end
+settle()
 return taken

@@ -1,10 +1,12 @@
--- Move due jobs from the delayed ZSET to their tenants' ready lists, at most `limit` per call
--- (the caller calls again while `promoted == limit`). O(log N + limit) however many jobs wait.
--- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, ring, tscheduled, counts, wake
+-- Move due jobs from the delayed ZSET to their tenants' ready lists (of their queue and
+-- priority), at most `limit` per call (the caller calls again while `promoted == limit`).
+-- O(log N + limit) however many jobs wait. Paused tenants and queues are promoted too.
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, tprio, tqueues, qring, inring,
+--                                              tscheduled, counts, wake keys
 -- KEYS[2]  {prefix}:scheduled        (ZSET)    job_id scored by run_at_ms
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  limit                     (int)     most jobs to move in this call
--- A promoted job's hash gets 's' = 'ready'.
+-- A promoted job's hash gets 's' = 'ready'; its queue is hash field 'q' (absent: 'default').
 -- Returns  {taken, next_due_ms}: IDs taken off the ZSET (call again while taken == limit);
 --          next_due_ms is -1 when nothing is scheduled
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -12,17 +14,17 @@ local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 local promoted = 0
 for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[2], id)
-  local j = redis.call('HMGET', k_job(id), 't', 'pr', 's')
+  local j = redis.call('HMGET', k_job(id), 't', 'pr', 's', 'q')
   if j[3] == 'scheduled' then
     redis.call('ZREM', k_tscheduled(j[1]), id)
     redis.call('HSET', k_job(id), 's', 'ready')
-    push_ready(id, j[1], j[2])
+    push_ready(id, j[1], j[4] or DEFAULT_QUEUE, j[2])
     redis.call('HINCRBY', k_counts(j[1]), 'scheduled', -1)
     redis.call('HINCRBY', k_counts(j[1]), 'ready', 1)
     promoted = promoted + 1
   end
 end
-if promoted > 0 then wake_workers() end
+settle()
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local next_due = -1
 if first[2] then next_due = tonumber(first[2]) end

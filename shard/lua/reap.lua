@@ -1,20 +1,23 @@
 -- Take back jobs whose lease expired (the worker died or stalled): back to ready, or dead when
 -- that was the last attempt. The expired attempt counts. Found by a range query on the lease
 -- ZSET, never a key scan; at most `limit` per call (call again while reaped == limit).
--- KEYS[1]  {prefix}:                 (prefix)  derives job, tactive, ready, ring, dead, counts
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, tactive, ready, tprio, tqueues,
+--                                              qring, inring, dead, counts, limits, parked,
+--                                              paused, tqpaused, wake keys
 -- KEYS[2]  {prefix}:leases           (ZSET)    job_id scored by lease deadline (unix ms)
 -- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
 -- ARGV[2]  limit                     (int)     most leases to take back in this call
 -- ARGV[3]  retention_ms              (int)     how long a job cancelled meanwhile is kept
--- A reaped job's hash gets 'e' = 'lease expired' and 's' = 'ready', or 'dead' / 'cancelled'
--- with 'fa' = now_ms.
+-- A reaped job's hash gets 'e' = 'lease expired' and 's' = 'ready' (in its queue 'q'), or
+-- 'dead' / 'cancelled' with 'fa' = now_ms (its payload leaves counts:{t} 'bytes'). A tenant
+-- parked at its max_active is un-parked once below it.
 -- Returns  {taken, to_ready, to_dead}: taken counts the expired leases removed
 local now, limit, retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 local to_ready, to_dead = 0, 0
 for _, id in ipairs(ids) do
   local job = k_job(id)
-  local j = redis.call('HMGET', job, 's', 't', 'pr', 'at', 'ma', 'cx')
+  local j = redis.call('HMGET', job, 's', 't', 'pr', 'at', 'ma', 'cx', 'q')
   if j[1] ~= 'active' then
     redis.call('ZREM', KEYS[2], id)
   else
@@ -24,17 +27,19 @@ for _, id in ipairs(ids) do
     if j[6] == '1' then
       redis.call('HSET', job, 's', 'cancelled', 'fa', now, 'e', 'lease expired')
       redis.call('PEXPIRE', job, retention)
+      uncount_bytes(job, tenant)
     elseif tonumber(j[4]) >= tonumber(j[5]) then
       redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', 'lease expired')
       push_dead(id, tenant, now)
+      uncount_bytes(job, tenant)
       to_dead = to_dead + 1
     else
       redis.call('HSET', job, 's', 'ready', 'e', 'lease expired')
-      push_ready(id, tenant, j[3])
+      push_ready(id, tenant, j[7] or DEFAULT_QUEUE, j[3])
       redis.call('HINCRBY', k_counts(tenant), 'ready', 1)
       to_ready = to_ready + 1
     end
   end
 end
-if to_ready > 0 then wake_workers() end
+settle()
 return {#ids, to_ready, to_dead}

@@ -1,26 +1,30 @@
 -- Move dead jobs of one tenant back to ready with a fresh set of attempts.
--- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, ring, counts, wake keys
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, tprio, tqueues, qring,
+--                                              inring, counts, wake keys
 -- KEYS[2]  {prefix}:dead:{tenant}    (ZSET)    the tenant's dead job IDs
 -- ARGV[1]  tenant                    (string)
 -- ARGV[2..] job IDs
--- A requeued job's hash gets 's' = 'ready' and 'at' = 0, and loses 'fa'.
+-- A requeued job's hash gets 's' = 'ready' (in its queue 'q') and 'at' = 0, and loses 'fa';
+-- its payload counts in counts:{t} 'bytes' again.
 -- Returns  {requeued, {job IDs that were not dead jobs of this tenant}}
 local tenant = ARGV[1]
 local requeued, missing = 0, {}
 for i = 2, #ARGV do
   local id = ARGV[i]
   local job = k_job(id)
-  local prio = redis.call('HGET', job, 'pr')
+  local j = redis.call('HMGET', job, 'pr', 'q')
+  local prio = j[1]
   if prio and redis.call('ZREM', KEYS[2], id) == 1 then
     redis.call('HSET', job, 's', 'ready', 'at', 0)
     redis.call('HDEL', job, 'fa')
-    push_ready(id, tenant, prio)
+    push_ready(id, tenant, j[2] or DEFAULT_QUEUE, prio)
     redis.call('HINCRBY', k_counts(tenant), 'dead', -1)
     redis.call('HINCRBY', k_counts(tenant), 'ready', 1)
+    add_bytes(tenant, redis.call('HSTRLEN', job, 'p'))
     requeued = requeued + 1
   else
     missing[#missing + 1] = id
   end
 end
-if requeued > 0 then wake_workers() end
+settle()
 return {requeued, missing}

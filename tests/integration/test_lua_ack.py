@@ -30,7 +30,13 @@ async def test_an_ack_with_the_current_fence_ends_the_job_as_succeeded(
     assert await dump(redis) == {
         "sq:job:J1": claimed_hash("J1", "succeeded", 1, fa=str(DONE)),
         "sq:fence": "1",
-        "sq:counts:acme": {"ready": "0", "active": "0", "submitted": "1", "succeeded": "1"},
+        "sq:counts:acme": {
+            "ready": "0",
+            "active": "0",
+            "submitted": "1",
+            "succeeded": "1",
+            "bytes": "0",
+        },
         "sq:tenants": {"acme"},
         **dedupe("J1"),
     }
@@ -48,7 +54,7 @@ async def test_an_ack_of_a_job_cancelled_while_active_ends_it_as_cancelled(
     assert await dump(redis) == {
         "sq:job:J1": claimed_hash("J1", "cancelled", 1, cx="1", fa=str(DONE)),
         "sq:fence": "1",
-        "sq:counts:acme": {"ready": "0", "active": "0", "submitted": "1"},
+        "sq:counts:acme": {"ready": "0", "active": "0", "submitted": "1", "bytes": "0"},
         "sq:tenants": {"acme"},
         **dedupe("J1"),
     }
@@ -82,7 +88,13 @@ async def test_one_ack_call_answers_every_lease_in_order(
         "sq:fence": "3",
         "sq:leases": [("J3", NOW + LEASE)],
         "sq:tactive:acme": [("J3", NOW)],
-        "sq:counts:acme": {"ready": "0", "active": "1", "submitted": "3", "succeeded": "1"},
+        "sq:counts:acme": {
+            "ready": "0",
+            "active": "1",
+            "submitted": "3",
+            "succeeded": "1",
+            "bytes": "2",
+        },
         "sq:tenants": {"acme"},
         **dedupe("J1", "J2", "J3"),
     }

@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from shardq.common.errors import FailedPrecondition, NotFound
 from shardq.shard import Failure, FakeClock, ItemCode, Lease, ShardClient
-from tests.support.shard import LEASE, NOW, dedupe, job, job_hash, seed
+from tests.support.shard import LEASE, NOW, dedupe, job, job_hash, ready_alone, seed
 from tests.support.state import dump, ttls
 
 LATER = NOW + 500
@@ -24,7 +24,7 @@ async def test_cancelling_a_scheduled_job_ends_it_and_takes_it_off_the_delayed_s
     assert await shard.cancel("acme", "J1") == (ItemCode.OK, "cancelled")
     assert await dump(redis) == {
         "sq:job:J1": job_hash("J1", "cancelled", ra=str(NOW + 5_000), fa=str(LATER)),
-        "sq:counts:acme": {"scheduled": "0", "submitted": "1"},
+        "sq:counts:acme": {"scheduled": "0", "submitted": "1", "bytes": "0"},
         **COMMON,
     }
     assert set(await ttls(redis)) == {"sq:job:J1", "sq:dedupe:acme:rJ1"}
@@ -41,9 +41,8 @@ async def test_cancelling_a_ready_job_ends_it_and_leaves_its_id_for_claim_to_ski
     assert await shard.cancel("acme", "J1") == (ItemCode.OK, "cancelled")
     assert await dump(redis) == {
         "sq:job:J1": job_hash("J1", "cancelled", fa=str(LATER)),
-        "sq:ready:acme:0": ["J1"],
-        "sq:ring:0": ["acme"],
-        "sq:counts:acme": {"ready": "0", "submitted": "1"},
+        **ready_alone("acme", {0: ["J1"]}),
+        "sq:counts:acme": {"ready": "0", "submitted": "1", "bytes": "0"},
         **COMMON,
     }
     assert set(await ttls(redis)) == {"sq:job:J1", "sq:dedupe:acme:rJ1"}

@@ -5,17 +5,34 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import ClaimedJob, ShardClient
-from tests.support.shard import LEASE, NOW, P, claimed_hash, dedupe, job, job_hash, seed
+from shardq.shard import ClaimedJob, ShardClient, TenantLimits
+from tests.support.shard import (
+    LEASE,
+    NOW,
+    WAKE,
+    P,
+    claimed_hash,
+    dedupe,
+    job,
+    job_hash,
+    ready_keys,
+    ring_keys,
+    seed,
+)
 from tests.support.state import dump
+
+#: Keys that hold ready jobs or who may be served; gone when nothing is ready.
+READY_STRUCTURES = ("sq:ready", "sq:tprio", "sq:tqueues", "sq:qring", "sq:inring", "sq:qcredit")
 
 
 def active(jid: str, fence: int, tenant: str = "acme", **over: str) -> dict[str, str]:
     return claimed_hash(jid, "active", fence, tenant, **over)
 
 
-async def claim_ids(shard: ShardClient, max_jobs: int) -> list[str]:
-    return [c.job_id for c in await shard.claim("w1", max_jobs, LEASE)]
+async def claim_ids(
+    shard: ShardClient, max_jobs: int, queues: tuple[str, ...] = ("default",)
+) -> list[str]:
+    return [c.job_id for c in await shard.claim("w1", max_jobs, LEASE, queues)]
 
 
 async def test_claim_on_an_empty_shard_returns_nothing_and_writes_nothing(
@@ -33,20 +50,20 @@ async def test_claiming_the_only_ready_job_leases_it_with_a_fresh_fence(
     assert claimed == ClaimedJob(
         job_id="J1", fence=1, tenant="acme", request_id="rJ1", handler="h", payload=P,
         priority=4, run_at_ms=NOW, created_at_ms=NOW, attempt=1, max_attempts=3,
-        timeout_ms=9_000,
+        timeout_ms=9_000, queue="default",
     )  # fmt: skip
     assert await dump(redis) == {
         "sq:job:J1": active("J1", 1, pr="4", ma="3", to="9000"),
         "sq:fence": "1",
         "sq:leases": [("J1", NOW + LEASE)],
         "sq:tactive:acme": [("J1", NOW)],
-        "sq:counts:acme": {"ready": "0", "active": "1", "submitted": "1"},
+        "sq:counts:acme": {"ready": "0", "active": "1", "submitted": "1", "bytes": "2"},
         "sq:tenants": {"acme"},
         **dedupe("J1"),
     }
 
 
-async def test_claim_gives_the_highest_priority_first_and_fences_grow(
+async def test_claim_gives_a_tenants_highest_priority_first_and_fences_grow(
     shard: ShardClient, redis: Redis
 ) -> None:
     await seed(shard, redis, *(job(f"P{p}", priority=p) for p in (3, 9, 0, 5)))
@@ -55,7 +72,7 @@ async def test_claim_gives_the_highest_priority_first_and_fences_grow(
     state = await dump(redis)
     assert state["sq:fence"] == "4"
     assert state["sq:leases"] == [(f"P{p}", NOW + LEASE) for p in (0, 3, 5, 9)]
-    assert not [k for k in state if k.startswith(("sq:ready", "sq:ring", "sq:wake"))]
+    assert not [k for k in state if k.startswith((*READY_STRUCTURES, "sq:wake"))]
 
 
 async def test_jobs_of_one_tenant_and_priority_are_claimed_in_submission_order(
@@ -77,9 +94,8 @@ async def test_claim_skips_ids_of_jobs_cancelled_while_ready(
     state = await dump(redis)
     assert state["sq:job:J2"] == job_hash("J2", "cancelled", fa=str(NOW))
     assert state["sq:job:J3"] == active("J3", 2)
-    assert state["sq:counts:acme"] == {"ready": "0", "active": "2", "submitted": "3"}
-    assert "sq:ready:acme:0" not in state
-    assert "sq:ring:0" not in state
+    assert state["sq:counts:acme"] == {"ready": "0", "active": "2", "submitted": "3", "bytes": "4"}
+    assert not [k for k in state if k.startswith(READY_STRUCTURES)]
 
 
 async def test_a_list_of_only_cancelled_ids_is_drained_and_its_tenant_leaves_the_ring(
@@ -88,10 +104,11 @@ async def test_a_list_of_only_cancelled_ids_is_drained_and_its_tenant_leaves_the
     await seed(shard, redis, job("J1"), job("J2"))
     await shard.cancel("acme", "J1")
     await shard.cancel("acme", "J2")
-    assert await redis.lrange("sq:ready:acme:0", 0, -1) == [b"J1", b"J2"]
+    assert await redis.lrange("sq:ready:acme:default:0", 0, -1) == [b"J1", b"J2"]
     before = await dump(redis)
     assert await claim_ids(shard, 5) == []
-    del before["sq:ready:acme:0"], before["sq:ring:0"]
+    for key in [*ready_keys("acme", {0: []}), *ring_keys("default")]:
+        del before[key]
     assert await dump(redis) == before
 
 
@@ -102,8 +119,8 @@ async def test_skipping_is_capped_per_call_and_leaves_a_wake_token_for_the_rest(
     for i in range(1_001):
         await shard.cancel("acme", f"C{i}")
     assert await claim_ids(shard, 5) == []
-    assert await redis.lrange("sq:wake", 0, -1) == [b"1"]
-    assert await redis.lrange("sq:ready:acme:0", 0, -1) == [b"C1000", b"J1"]
+    assert await redis.lrange(WAKE, 0, -1) == [b"1"]
+    assert await redis.lrange("sq:ready:acme:default:0", 0, -1) == [b"C1000", b"J1"]
     assert await claim_ids(shard, 5) == ["J1"]
 
 
@@ -117,7 +134,7 @@ async def test_claim_leaves_a_wake_token_only_when_its_batch_filled_and_work_rem
 ) -> None:
     await seed(shard, redis, *(job(f"J{i}") for i in range(ready)))
     await claim_ids(shard, max_jobs)
-    assert (await dump(redis)).get("sq:wake") == wake
+    assert (await dump(redis)).get(WAKE) == wake
 
 
 async def test_work_remaining_at_a_lower_priority_also_leaves_a_wake_token(
@@ -125,7 +142,7 @@ async def test_work_remaining_at_a_lower_priority_also_leaves_a_wake_token(
 ) -> None:
     await seed(shard, redis, job("J1", priority=9), job("J2", priority=1))
     assert await claim_ids(shard, 1) == ["J1"]
-    assert await redis.lrange("sq:wake", 0, -1) == [b"1"]
+    assert await redis.lrange(WAKE, 0, -1) == [b"1"]
 
 
 async def test_tenants_of_one_priority_take_turns(shard: ShardClient, redis: Redis) -> None:
@@ -146,14 +163,14 @@ async def test_turns_carry_over_between_claim_calls(shard: ShardClient, redis: R
         *(job(f"B{i}", tenant="bravo") for i in range(3)),
     )
     assert [await claim_ids(shard, 1) for _ in range(4)] == [["A0"], ["B0"], ["A1"], ["B1"]]
-    assert await redis.lrange("sq:ring:0", 0, -1) == [b"acme", b"bravo"]
+    assert await redis.lrange("sq:qring:default", 0, -1) == [b"acme", b"bravo"]
 
 
 @pytest.mark.parametrize("weight", [2, 3, 5])
 async def test_a_tenant_of_weight_w_gets_w_jobs_per_turn(
     shard: ShardClient, redis: Redis, weight: int
 ) -> None:
-    await shard.set_weight("acme", weight)
+    await shard.set_limits("acme", TenantLimits(weight=weight))
     await seed(
         shard,
         redis,
@@ -164,23 +181,27 @@ async def test_a_tenant_of_weight_w_gets_w_jobs_per_turn(
     turn = ["A"] * weight + ["B"]
     assert [jid[0] for jid in got] == turn + turn + ["B"]
     state = await dump(redis)
-    assert state["sq:weights"] == {"acme": str(weight)}
-    assert "sq:credit:0" not in state
+    assert state["sq:limits:acme"] == {"weight": str(weight)}
+    assert "sq:qcredit:default" not in state
 
 
 async def test_a_weighted_tenant_keeps_its_credit_between_calls(
     shard: ShardClient, redis: Redis
 ) -> None:
-    await shard.set_weight("acme", 3)
+    await shard.set_limits("acme", TenantLimits(weight=3))
     await seed(shard, redis, *(job(f"A{i}") for i in range(5)), job("B0", tenant="bravo"))
     assert await claim_ids(shard, 2) == ["A0", "A1"]
-    assert await redis.hgetall("sq:credit:0") == {b"acme": b"2"}
+    assert await redis.hgetall("sq:qcredit:default") == {b"acme": b"2"}
     assert await claim_ids(shard, 2) == ["A2", "B0"]
-    assert await redis.exists("sq:credit:0") == 0
+    assert await redis.exists("sq:qcredit:default") == 0
 
 
-async def test_weights_apply_per_priority(shard: ShardClient, redis: Redis) -> None:
-    await shard.set_weight("acme", 2)
+async def test_a_weight_gives_its_turns_whatever_priorities_the_other_tenants_use(
+    shard: ShardClient, redis: Redis
+) -> None:
+    # Was test_weights_apply_per_priority (Z1 first, then acme's and bravo's turns at 5):
+    # zulu's priority 9 now only orders zulu's own jobs; it waits for its turn on the ring.
+    await shard.set_limits("acme", TenantLimits(weight=2))
     await seed(
         shard,
         redis,
@@ -188,19 +209,104 @@ async def test_weights_apply_per_priority(shard: ShardClient, redis: Redis) -> N
         *(job(f"B{i}", tenant="bravo", priority=5) for i in range(2)),
         job("Z1", tenant="zulu", priority=9),
     )
-    assert await claim_ids(shard, 7) == ["Z1", "A0", "A1", "B0", "A2", "A3", "B1"]
+    assert await claim_ids(shard, 7) == ["A0", "A1", "B0", "Z1", "A2", "A3", "B1"]
 
 
-async def test_a_higher_priority_tenant_goes_before_any_lower_one(
+async def test_a_tenants_priority_never_puts_it_before_another_tenants_turn(
     shard: ShardClient, redis: Redis
 ) -> None:
+    # Was test_a_higher_priority_tenant_goes_before_any_lower_one (["B0", "A0"]): tenants
+    # take turns first, so acme, first on the ring, is served before bravo's priority 8.
     await seed(
         shard,
         redis,
         *(job(f"A{i}", priority=1) for i in range(3)),
         job("B0", tenant="bravo", priority=8),
     )
-    assert await claim_ids(shard, 2) == ["B0", "A0"]
+    assert await claim_ids(shard, 2) == ["A0", "B0"]
+
+
+async def test_within_its_turn_a_tenant_gives_its_most_urgent_job_first(
+    shard: ShardClient, redis: Redis
+) -> None:
+    await seed(
+        shard,
+        redis,
+        job("A1", priority=1),
+        job("A8", priority=8),
+        job("B5", tenant="bravo", priority=5),
+        job("B9", tenant="bravo", priority=9),
+        job("A8b", priority=8),
+    )
+    assert await claim_ids(shard, 5) == ["A8", "B9", "A8b", "B5", "A1"]
+    state = await dump(redis)
+    assert not [k for k in state if k.startswith(READY_STRUCTURES)]
+
+
+async def test_a_tenants_priorities_and_queues_are_kept_as_its_lists_fill_and_empty(
+    shard: ShardClient, redis: Redis
+) -> None:
+    await seed(shard, redis, job("A1", priority=1), job("A8", priority=8), job("M1", queue="m"))
+    assert await claim_ids(shard, 1) == ["A8"]
+    state = await dump(redis)
+    assert {k: v for k, v in state.items() if k.startswith(READY_STRUCTURES)} == {
+        **ready_keys("acme", {1: ["A1"]}),
+        **ready_keys("acme", {0: ["M1"]}, queue="m"),
+        "sq:tqueues:acme": {"default", "m"},
+        **ring_keys("default", "acme"),
+        **ring_keys("m", "acme"),
+    }
+
+
+async def test_a_claim_for_some_queues_never_takes_a_job_of_another_queue(
+    shard: ShardClient, redis: Redis
+) -> None:
+    await seed(
+        shard,
+        redis,
+        job("B1", queue="b", priority=9),
+        job("A1", queue="a"),
+        job("B2", tenant="bravo", queue="b"),
+        job("D1"),
+    )
+    assert await claim_ids(shard, 10, ("a",)) == ["A1"]
+    assert await claim_ids(shard, 10, ("a",)) == []
+    assert await claim_ids(shard, 10, ("a", "c")) == []
+    assert await claim_ids(shard, 10, ("b",)) == ["B1", "B2"]
+    claimed = await shard.claim("w1", 10, LEASE, ["default", "b"])
+    assert [(c.job_id, c.queue) for c in claimed] == [("D1", "default")]
+
+
+async def test_a_claim_of_several_queues_takes_one_job_from_each_in_turn(
+    shard: ShardClient, redis: Redis
+) -> None:
+    await seed(
+        shard,
+        redis,
+        *(job(f"A{i}", queue="a") for i in range(3)),
+        *(job(f"B{i}", queue="b") for i in range(1)),
+        *(job(f"C{i}", queue="c") for i in range(2)),
+    )
+    assert await claim_ids(shard, 5, ("c", "a", "b")) == ["C0", "A0", "B0", "C1", "A1"]
+    assert await claim_ids(shard, 5, ("b", "a")) == ["A2"]
+
+
+async def test_each_queue_has_its_own_ring_and_credit(shard: ShardClient, redis: Redis) -> None:
+    await shard.set_limits("acme", TenantLimits(weight=2))
+    await seed(
+        shard,
+        redis,
+        *(job(f"A{i}", queue="a") for i in range(3)),
+        job("X1", tenant="bravo", queue="a"),
+        *(job(f"M{i}", queue="m") for i in range(3)),
+        job("Y1", tenant="bravo", queue="m"),
+    )
+    assert await claim_ids(shard, 1, ("a",)) == ["A0"]
+    assert await claim_ids(shard, 1, ("m",)) == ["M0"]
+    assert await redis.hgetall("sq:qcredit:a") == {b"acme": b"1"}
+    assert await redis.hgetall("sq:qcredit:m") == {b"acme": b"1"}
+    assert await claim_ids(shard, 3, ("a",)) == ["A1", "X1", "A2"]
+    assert await claim_ids(shard, 3, ("m",)) == ["M1", "Y1", "M2"]
 
 
 async def test_claim_records_the_worker_and_counts_the_attempt(

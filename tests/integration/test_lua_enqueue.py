@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import FakeClock, ItemCode, Limits, NewJob, ShardClient
+from shardq.shard import FakeClock, ItemCode, Lease, NewJob, ShardClient, TenantLimits
 from shardq.shard.client import digest
-from tests.support.shard import NOW
+from shardq.shard.models import Failure
+from tests.support.shard import LEASE, NOW, WAKE, ready_alone
 from tests.support.shard import job_hash as shard_job_hash
 from tests.support.state import dump, ttls
 
@@ -43,12 +44,11 @@ async def test_a_job_due_now_is_ready_and_wakes_one_worker(
     assert (res.code, res.job_id, res.state) == (ItemCode.OK, "J1", "ready")
     assert await dump(redis) == {
         "sq:job:J1": job_hash("ready"),
-        "sq:ready:acme:0": ["J1"],
-        "sq:ring:0": ["acme"],
+        **ready_alone("acme", {0: ["J1"]}),
         "sq:dedupe:acme:r1": DEDUPE,
-        "sq:counts:acme": {"ready": "1", "submitted": "1"},
+        "sq:counts:acme": {"ready": "1", "submitted": "1", "bytes": str(len(P))},
         "sq:tenants": {"acme"},
-        "sq:wake": ["1"],
+        WAKE: ["1"],
     }
     assert set(await ttls(redis)) == {"sq:dedupe:acme:r1"}
 
@@ -64,7 +64,7 @@ async def test_a_future_job_is_scheduled_and_wakes_the_promoter(
         "sq:tscheduled:acme": [("J1", NOW + 5_000)],
         "sq:promoter_wake": ["1"],
         "sq:dedupe:acme:r1": DEDUPE,
-        "sq:counts:acme": {"scheduled": "1", "submitted": "1"},
+        "sq:counts:acme": {"scheduled": "1", "submitted": "1", "bytes": str(len(P))},
         "sq:tenants": {"acme"},
     }
 
@@ -128,7 +128,7 @@ async def test_dedupe_expires_after_the_window(
 
 
 async def test_over_quota_is_refused_and_writes_nothing(shard: ShardClient, redis: Redis) -> None:
-    limits = Limits(max_pending=1)
+    limits = TenantLimits(max_pending=1)
     await shard.enqueue([job(limits=limits)])
     before = await dump(redis)
     (res,) = await shard.enqueue([job(request_id="r2", job_id="J2", limits=limits)])
@@ -139,7 +139,7 @@ async def test_over_quota_is_refused_and_writes_nothing(shard: ShardClient, redi
 async def test_rate_limit_refuses_past_the_burst_then_refills(
     shard: ShardClient, redis: Redis, clock: FakeClock
 ) -> None:
-    limits = Limits(rate_per_s=2)
+    limits = TenantLimits(submit_rate_per_s=2)
     results = await shard.enqueue(
         [job(request_id=f"r{i}", job_id=f"J{i}", limits=limits) for i in range(3)]
     )
@@ -165,5 +165,73 @@ async def test_large_batches_are_split_and_all_land(
 ) -> None:
     results = await shard.enqueue([job(request_id=f"r{i}", job_id=f"J{i}") for i in range(count)])
     assert all(r.code is ItemCode.OK for r in results)
-    assert await redis.llen("sq:ready:acme:0") == count
+    assert await redis.llen("sq:ready:acme:default:0") == count
     assert await redis.hget("sq:counts:acme", "ready") == str(count).encode()
+
+
+async def test_a_job_of_another_queue_waits_in_that_queues_list_and_ring(
+    shard: ShardClient, redis: Redis
+) -> None:
+    (res,) = await shard.enqueue([job(queue="mail", priority=4)])
+    assert (res.code, res.state) == (ItemCode.OK, "ready")
+    assert await dump(redis) == {
+        "sq:job:J1": job_hash("ready", pr="4", q="mail"),
+        **ready_alone("acme", {4: ["J1"]}, queue="mail"),
+        "sq:dedupe:acme:r1": DEDUPE,
+        "sq:counts:acme": {"ready": "1", "submitted": "1", "bytes": str(len(P))},
+        "sq:tenants": {"acme"},
+        "sq:wake:mail": ["1"],
+    }
+    assert (await shard.get_job("acme", "J1")).queue == "mail"
+
+
+async def test_one_batch_wakes_each_queue_it_made_ready_jobs_in_once(
+    shard: ShardClient, redis: Redis
+) -> None:
+    await shard.enqueue(
+        [
+            job(request_id="r1", job_id="J1", queue="a"),
+            job(request_id="r2", job_id="J2", queue="a"),
+            job(request_id="r3", job_id="J3", queue="b"),
+            job(request_id="r4", job_id="J4", queue="c", delay_ms=1_000),
+        ]
+    )
+    state = await dump(redis)
+    assert {k: v for k, v in state.items() if k.startswith("sq:wake")} == {
+        "sq:wake:a": ["1"],
+        "sq:wake:b": ["1"],
+    }
+
+
+async def test_the_payload_bytes_of_pending_jobs_are_counted_until_each_job_ends(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    sizes = {"J1": 10, "J2": 20, "J3": 30, "J4": 40, "J5": 50}
+    await shard.enqueue(
+        [
+            job(request_id=f"r{jid}", job_id=jid, payload=b'"' + b"x" * (n - 2) + b'"')
+            for jid, n in sizes.items()
+        ]
+    )
+
+    async def pending_bytes() -> int:
+        return int(await redis.hget("sq:counts:acme", "bytes"))
+
+    assert await pending_bytes() == 150
+    leases = {c.job_id: Lease(c.job_id, c.fence) for c in await shard.claim("w1", 4, LEASE)}
+    assert await pending_bytes() == 150  # ready -> active: still pending
+    await shard.ack([leases["J1"]])
+    assert await pending_bytes() == 140  # succeeded
+    await shard.fail([Failure("J2", leases["J2"].fence, 1, "boom", permanent=True)])
+    assert await pending_bytes() == 120  # dead
+    await shard.fail([Failure("J3", leases["J3"].fence, 1, "boom", retry_at_ms=NOW + 1)])
+    assert await pending_bytes() == 120  # retried: scheduled, still pending
+    await shard.cancel("acme", "J5")
+    assert await pending_bytes() == 70  # cancelled while ready
+    await shard.cancel("acme", "J4")
+    await shard.ack([leases["J4"]])
+    assert await pending_bytes() == 30  # cancelled while active, ended by its ack
+    assert await shard.requeue_dead("acme", ["J2"]) == (1, [])
+    assert await pending_bytes() == 50  # dead -> ready: pending again
+    clock.advance(LEASE)
+    assert (await shard.tenant_load("acme")).pending_bytes == 50

@@ -36,6 +36,7 @@ async def test_a_failure_with_attempts_left_schedules_a_retry_at_retry_at(
         "sq:promoter_wake": ["1"],
         "sq:counts:acme": {
             "ready": "0", "active": "0", "scheduled": "1", "submitted": "1", "failed": "1",
+            "bytes": "2",
         },
         "sq:tenants": {"acme"},
         **dedupe("J1"),
@@ -76,6 +77,7 @@ async def test_a_failure_on_the_last_attempt_sends_the_job_to_the_dead_set(
         "sq:dead:acme": [("J1", FAILED)],
         "sq:counts:acme": {
             "ready": "0", "active": "0", "dead": "1", "submitted": "1", "failed": "1",
+            "bytes": "0",
         },
         "sq:tenants": {"acme"},
         **dedupe("J1"),
@@ -124,7 +126,13 @@ async def test_a_failure_of_a_job_cancelled_while_active_ends_it_as_cancelled(
     assert await dump(redis) == {
         "sq:job:J1": claimed_hash("J1", "cancelled", 1, cx="1", fa=str(FAILED), e="boom"),
         "sq:fence": "1",
-        "sq:counts:acme": {"ready": "0", "active": "0", "submitted": "1", "failed": "1"},
+        "sq:counts:acme": {
+            "ready": "0",
+            "active": "0",
+            "submitted": "1",
+            "failed": "1",
+            "bytes": "0",
+        },
         "sq:tenants": {"acme"},
         **dedupe("J1"),
     }

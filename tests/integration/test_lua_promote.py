@@ -6,7 +6,17 @@ import pytest
 from redis.asyncio import Redis
 
 from shardq.shard import FakeClock, ShardClient
-from tests.support.shard import NOW, dedupe, job, job_hash, seed
+from tests.support.shard import (
+    NOW,
+    WAKE,
+    dedupe,
+    job,
+    job_hash,
+    ready_alone,
+    ready_keys,
+    ring_keys,
+    seed,
+)
 from tests.support.state import dump
 
 
@@ -26,13 +36,12 @@ async def test_a_due_job_moves_to_ready_and_the_next_due_time_is_returned(
     assert await dump(redis) == {
         "sq:job:J1": job_hash("J1", "ready", ra=str(NOW + 1_000)),
         "sq:job:J2": job_hash("J2", "scheduled", ra=str(NOW + 5_000), pr="3"),
-        "sq:ready:acme:0": ["J1"],
-        "sq:ring:0": ["acme"],
+        **ready_alone("acme", {0: ["J1"]}),
         "sq:scheduled": [("J2", NOW + 5_000)],
         "sq:tscheduled:acme": [("J2", NOW + 5_000)],
-        "sq:counts:acme": {"scheduled": "1", "ready": "1", "submitted": "2"},
+        "sq:counts:acme": {"scheduled": "1", "ready": "1", "submitted": "2", "bytes": "4"},
         "sq:tenants": {"acme"},
-        "sq:wake": ["1"],
+        WAKE: ["1"],
         **dedupe("J1", "J2"),
     }
 
@@ -55,16 +64,15 @@ async def test_a_job_is_promoted_exactly_when_its_run_at_is_reached(
     assert await shard.promote() == (1, None)
     assert await dump(redis) == {
         "sq:job:J1": job_hash("J1", "ready", ra=str(NOW + 1_000)),
-        "sq:ready:acme:0": ["J1"],
-        "sq:ring:0": ["acme"],
-        "sq:counts:acme": {"scheduled": "0", "ready": "1", "submitted": "1"},
+        **ready_alone("acme", {0: ["J1"]}),
+        "sq:counts:acme": {"scheduled": "0", "ready": "1", "submitted": "1", "bytes": "2"},
         "sq:tenants": {"acme"},
-        "sq:wake": ["1"],
+        WAKE: ["1"],
         **dedupe("J1"),
     }
 
 
-async def test_promoted_jobs_join_their_tenant_and_priority_lists_and_rings_once(
+async def test_promoted_jobs_join_their_tenant_queue_and_priority_lists_and_rings_once(
     shard: ShardClient, redis: Redis, clock: FakeClock
 ) -> None:
     await seed(
@@ -74,23 +82,31 @@ async def test_promoted_jobs_join_their_tenant_and_priority_lists_and_rings_once
         job("A2", delay_ms=20, priority=2),
         job("A3", delay_ms=30, priority=7),
         job("B1", tenant="bravo", delay_ms=40, priority=2),
+        job("M1", tenant="bravo", delay_ms=40, priority=2, queue="mail"),
     )
     clock.advance(40)
-    assert await shard.promote() == (4, None)
+    assert await shard.promote() == (5, None)
     state = await dump(redis)
-    assert {k: v for k, v in state.items() if k.startswith(("sq:ready", "sq:ring"))} == {
-        "sq:ready:acme:2": ["A1", "A2"],
-        "sq:ready:acme:7": ["A3"],
-        "sq:ready:bravo:2": ["B1"],
-        "sq:ring:2": ["acme", "bravo"],
-        "sq:ring:7": ["acme"],
+    structures = ("sq:ready", "sq:tprio", "sq:tqueues", "sq:qring", "sq:inring", "sq:wake")
+    assert {k: v for k, v in state.items() if k.startswith(structures)} == {
+        **ready_keys("acme", {2: ["A1", "A2"], 7: ["A3"]}),
+        **ready_keys("bravo", {2: ["B1"]}),
+        **ready_keys("bravo", {2: ["M1"]}, queue="mail"),
+        "sq:tqueues:bravo": {"default", "mail"},
+        **ring_keys("default", "acme", "bravo"),
+        **ring_keys("mail", "bravo"),
+        WAKE: ["1"],
+        "sq:wake:mail": ["1"],
     }
-    assert state["sq:counts:acme"] == {"scheduled": "0", "ready": "3", "submitted": "3"}
-    assert state["sq:counts:bravo"] == {"scheduled": "0", "ready": "1", "submitted": "1"}
+    assert state["sq:counts:acme"] == {
+        "scheduled": "0", "ready": "3", "submitted": "3", "bytes": "6",
+    }  # fmt: skip
+    assert state["sq:counts:bravo"] == {
+        "scheduled": "0", "ready": "2", "submitted": "2", "bytes": "4",
+    }  # fmt: skip
     assert "sq:scheduled" not in state
     assert "sq:tscheduled:acme" not in state
     assert "sq:tscheduled:bravo" not in state
-    assert state["sq:wake"] == ["1"]
 
 
 async def test_a_promoted_job_joins_the_end_of_a_list_that_already_has_ready_jobs(
@@ -99,8 +115,8 @@ async def test_a_promoted_job_joins_the_end_of_a_list_that_already_has_ready_job
     await seed(shard, redis, job("J1"), job("J2", delay_ms=5))
     clock.advance(5)
     assert await shard.promote() == (1, None)
-    assert await redis.lrange("sq:ready:acme:0", 0, -1) == [b"J1", b"J2"]
-    assert await redis.lrange("sq:ring:0", 0, -1) == [b"acme"]
+    assert await redis.lrange("sq:ready:acme:default:0", 0, -1) == [b"J1", b"J2"]
+    assert await redis.lrange("sq:qring:default", 0, -1) == [b"acme"]
 
 
 async def test_an_id_whose_job_is_not_scheduled_is_taken_off_without_promoting(
@@ -123,4 +139,5 @@ async def test_promote_works_in_capped_batches_until_nothing_is_due(
     stats = await redis.info("commandstats")
     # 2 + 2 + 1: the third call took fewer than the limit, so the loop stopped.
     assert stats["cmdstat_evalsha"]["calls"] == 3
-    assert await redis.lrange("sq:ready:acme:0", 0, -1) == [f"J{i}".encode() for i in range(5)]
+    want = [f"J{i}".encode() for i in range(5)]
+    assert await redis.lrange("sq:ready:acme:default:0", 0, -1) == want

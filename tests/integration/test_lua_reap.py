@@ -7,7 +7,7 @@ from redis.asyncio import Redis
 
 from shardq.shard import Failure, FakeClock, ItemCode, Lease, ShardClient
 from shardq.shard.models import FailResult
-from tests.support.shard import LEASE, NOW, claimed, claimed_hash, dedupe, job
+from tests.support.shard import LEASE, NOW, WAKE, claimed, claimed_hash, dedupe, job, ready_alone
 from tests.support.state import dump, ttls
 
 EXPIRED = NOW + LEASE
@@ -43,10 +43,15 @@ async def test_an_expired_lease_returns_the_job_to_ready_and_wakes_a_worker(
     assert await dump(redis) == {
         "sq:job:J1": claimed_hash("J1", "ready", 1, pr="6", e="lease expired"),
         "sq:fence": "1",
-        "sq:ready:acme:6": ["J1"],
-        "sq:ring:6": ["acme"],
-        "sq:wake": ["1"],
-        "sq:counts:acme": {"ready": "1", "active": "0", "submitted": "1", "failed": "1"},
+        **ready_alone("acme", {6: ["J1"]}),
+        WAKE: ["1"],
+        "sq:counts:acme": {
+            "ready": "1",
+            "active": "0",
+            "submitted": "1",
+            "failed": "1",
+            "bytes": "2",
+        },
         "sq:tenants": {"acme"},
         **dedupe("J1"),
     }
@@ -64,6 +69,7 @@ async def test_an_expired_lease_on_the_last_attempt_sends_the_job_to_the_dead_se
         "sq:dead:acme": [("J1", EXPIRED)],
         "sq:counts:acme": {
             "ready": "0", "active": "0", "dead": "1", "submitted": "1", "failed": "1",
+            "bytes": "0",
         },
         "sq:tenants": {"acme"},
         **dedupe("J1"),
@@ -80,7 +86,13 @@ async def test_an_expired_lease_of_a_job_cancelled_while_active_ends_it_as_cance
     assert await dump(redis) == {
         "sq:job:J1": claimed_hash("J1", "cancelled", 1, cx="1", fa=str(EXPIRED), e="lease expired"),
         "sq:fence": "1",
-        "sq:counts:acme": {"ready": "0", "active": "0", "submitted": "1", "failed": "1"},
+        "sq:counts:acme": {
+            "ready": "0",
+            "active": "0",
+            "submitted": "1",
+            "failed": "1",
+            "bytes": "0",
+        },
         "sq:tenants": {"acme"},
         **dedupe("J1"),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from shardq.shard import Failure, FakeClock, NewJob, ShardClient
-from tests.support.shard import DIGEST, LEASE, NOW, job
+from tests.support.shard import DIGEST, LEASE, NOW, WAKE, drop_wake_tokens, job, ready_alone
 from tests.support.state import dump
 
 DIED = NOW + 100
@@ -17,7 +17,7 @@ async def kill(shard: ShardClient, clock: FakeClock, *jobs: NewJob) -> None:
     claimed = await shard.claim("w1", len(jobs), LEASE)
     clock.set(DIED)
     await shard.fail([Failure(c.job_id, c.fence, 1, "boom", permanent=True) for c in claimed])
-    await shard.redis.delete("sq:wake")
+    await drop_wake_tokens(shard.redis)
 
 
 async def test_requeue_from_dead_resets_attempts_and_makes_the_job_ready(
@@ -32,11 +32,11 @@ async def test_requeue_from_dead_resets_attempts_and_makes_the_job_ready(
             "w": "w1", "sa": str(NOW), "e": "boom",
         },
         "sq:fence": "1",
-        "sq:ready:acme:3": ["J1"],
-        "sq:ring:3": ["acme"],
-        "sq:wake": ["1"],
+        **ready_alone("acme", {3: ["J1"]}),
+        WAKE: ["1"],
         "sq:counts:acme": {
             "ready": "1", "active": "0", "dead": "0", "submitted": "1", "failed": "1",
+            "bytes": "2",
         },
         "sq:tenants": {"acme"},
         "sq:dedupe:acme:rJ1": f"J1 {DIGEST}",
@@ -59,7 +59,7 @@ async def test_ids_that_are_not_dead_jobs_of_the_tenant_are_returned_and_left_al
 ) -> None:
     await kill(shard, clock, job("D1"), job("B1", tenant="bravo"))
     await shard.enqueue([job("R1"), job("S1", delay_ms=60_000)])
-    await redis.delete("sq:wake")
+    await drop_wake_tokens(redis)
     before = await dump(redis)
     got = await shard.requeue_dead("acme", ["R1", "S1", "B1", "NOSUCHJOB"])
     assert got == (0, ["R1", "S1", "B1", "NOSUCHJOB"])
@@ -71,7 +71,7 @@ async def test_one_requeue_call_moves_the_dead_and_reports_the_rest(
 ) -> None:
     await kill(shard, clock, job("D1"), job("D2"), job("D3"))
     assert await shard.requeue_dead("acme", ["D3", "NOPE", "D1", "D1"]) == (2, ["NOPE", "D1"])
-    assert await redis.lrange("sq:ready:acme:0", 0, -1) == [b"D3", b"D1"]
+    assert await redis.lrange("sq:ready:acme:default:0", 0, -1) == [b"D3", b"D1"]
     assert await redis.zrange("sq:dead:acme", 0, -1) == [b"D2"]
     assert await redis.hget("sq:counts:acme", "dead") == b"1"
 

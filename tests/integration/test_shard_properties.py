@@ -22,10 +22,11 @@ from shardq.shard import (
     ScheduleSpec,
     ShardClient,
     ShardSettings,
+    TenantLimits,
 )
 from shardq.shard.moving import ShardSide, fence_map
 from shardq.shard.scripts import SCRIPT_NAMES
-from tests.support.shard import LEASE, NOW, job
+from tests.support.shard import LEASE, NOW, job, seed_previous_layout
 from tests.support.state import dump
 
 DAY = 86_400_000
@@ -237,7 +238,7 @@ class _OneCallPerScript:
 
     async def release(self) -> None:
         (c,) = await self.shard.claim("w1", 1, LEASE)
-        assert await self.shard.release([Lease(c.job_id, c.fence)]) == [ItemCode.OK]
+        assert await self.shard.release([Lease(c.job_id, c.fence)], 1_000) == [ItemCode.OK]
 
     async def schedule_upsert(self) -> None:
         await self.shard.upsert_schedule("acme", ScheduleSpec("S1", "* * * * *", "h", b"{}"))
@@ -285,12 +286,26 @@ class _OneCallPerScript:
     async def move_counters(self) -> None:
         assert await ShardSide(self.shard, "bob").add_counters("m1", {"submitted": 1}, 1000)
 
+    async def set_limits(self) -> None:
+        await self.shard.set_limits("acme", TenantLimits(weight=2, max_active=1))
+        assert (await self.shard.limits("acme")).max_active == 1
+
+    async def pause(self) -> None:
+        assert await self.shard.pause("acme", "mail") is True
+
+    async def resume(self) -> None:
+        assert await self.shard.resume("acme", "mail") is True
+
+    async def upgrade_layout(self) -> None:
+        await seed_previous_layout(self.shard.redis, {("old", 3): ["O1", "O2"]}, {"old": 2})
+        assert await self.shard.upgrade_layout() == 2
+
 
 ORDER = [
     "enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "promote", "cancel", "reap",
     "release", "schedule_upsert", "schedule_advance", "schedule_delete", "leader", "leader_release",
     "map_fence", "move_schedules_out", "move_in", "move_out", "move_drop", "move_finish",
-    "move_counters",
+    "move_counters", "set_limits", "pause", "resume", "upgrade_layout",
 ]  # fmt: skip
 
 
@@ -351,10 +366,34 @@ BAD_INPUT: list[tuple[str, Call, str]] = [
     ("enqueue-bad-job-id", _enqueue(job_id="J:1"), "job_id"),
     ("enqueue-max-attempts", _enqueue(max_attempts=1_001), "max_attempts"),
     ("enqueue-timeout", _enqueue(timeout_ms=-5), "timeout_ms"),
+    ("enqueue-queue-colon", _enqueue(queue="a:b"), "queue"),
+    ("enqueue-queue-empty", _enqueue(queue=""), "queue"),
+    ("enqueue-queue-65-chars", _enqueue(queue="q" * 65), "queue"),
+    (
+        "enqueue-default-rate",
+        _enqueue(limits=TenantLimits(submit_rate_per_s=-1)),
+        "submit_rate_per_s",
+    ),
+    ("enqueue-default-burst", _enqueue(limits=TenantLimits(submit_burst=-1)), "submit_burst"),
+    (
+        "enqueue-default-bytes",
+        _enqueue(limits=TenantLimits(max_pending_bytes=-1)),
+        "max_pending_bytes",
+    ),
     ("claim-worker", lambda s: s.claim("w 1", 1, LEASE), "worker_id"),
     ("claim-zero-jobs", lambda s: s.claim("w1", 0, LEASE), "max_jobs"),
     ("claim-too-many-jobs", lambda s: s.claim("w1", 501, LEASE), "max_jobs"),
     ("claim-zero-lease", lambda s: s.claim("w1", 1, 0), "lease_ms"),
+    ("claim-no-queue", lambda s: s.claim("w1", 1, LEASE, []), "queues"),
+    ("claim-queue-string", lambda s: s.claim("w1", 1, LEASE, "default"), "queues"),  # type: ignore[arg-type]
+    ("claim-queue-star", lambda s: s.claim("w1", 1, LEASE, ["default", "q*"]), "queues"),
+    (
+        "claim-101-queues",
+        lambda s: s.claim("w1", 1, LEASE, [f"q{i}" for i in range(101)]),
+        "queues",
+    ),
+    ("wait-queue-brace", lambda s: s.wait_for_work(0.01, ["a{b}"]), "queues"),
+    ("release-negative-avoid", lambda s: s.release([Lease("J1", 1)], avoid_ms=-1), "avoid_ms"),
     ("cancel-tenant", lambda s: s.cancel("a:b", "J1"), "tenant_id"),
     ("cancel-job-id", lambda s: s.cancel("acme", "J*"), "job_id"),
     ("get-job-tenant", lambda s: s.get_job("a{b}", "J1"), "tenant_id"),
@@ -387,8 +426,37 @@ BAD_INPUT: list[tuple[str, Call, str]] = [
     ("schedule-priority", _schedule(priority=10), "priority"),
     ("schedule-payload", _schedule(payload=BIG), "payload"),
     ("delete-schedule-id", lambda s: s.delete_schedule("acme", "S*"), "schedule_id"),
-    ("weight-zero", lambda s: s.set_weight("acme", 0), "weight"),
-    ("weight-tenant", lambda s: s.set_weight("a:b", 2), "tenant_id"),
+    ("limits-weight", lambda s: s.set_limits("acme", TenantLimits(weight=1_001)), "weight"),
+    ("limits-tenant", lambda s: s.set_limits("a:b", TenantLimits(weight=2)), "tenant_id"),
+    ("limits-active", lambda s: s.set_limits("acme", TenantLimits(max_active=-1)), "max_active"),
+    (
+        "limits-rate",
+        lambda s: s.set_limits("acme", TenantLimits(submit_rate_per_s=float("nan"))),
+        "submit_rate_per_s",
+    ),
+    (
+        "limits-burst",
+        lambda s: s.set_limits("acme", TenantLimits(submit_burst=2**32)),
+        "submit_burst",
+    ),
+    ("limits-pending", lambda s: s.set_limits("acme", TenantLimits(max_pending=-1)), "max_pending"),
+    (
+        "limits-bytes",
+        lambda s: s.set_limits("acme", TenantLimits(max_pending_bytes=2**53 + 1)),
+        "max_pending_bytes",
+    ),
+    ("limits-read-tenant", lambda s: s.limits("a*"), "tenant_id"),
+    ("pause-nothing", lambda s: s.pause(), "tenant_id"),
+    ("pause-tenant", lambda s: s.pause("a:b"), "tenant_id"),
+    ("pause-queue", lambda s: s.pause(queue="a b"), "queue"),
+    ("resume-nothing", lambda s: s.resume(None, ""), "tenant_id"),
+    ("resume-queue", lambda s: s.resume("acme", "a:b"), "queue"),
+    ("paused-tenant", lambda s: s.paused("a{b}"), "tenant_id"),
+    (
+        "list-ready-token-queue",
+        lambda s: s.list_jobs("acme", "ready", page_token="9.0.a:b"),
+        "page_token",
+    ),
 ]
 
 
@@ -417,28 +485,34 @@ async def test_bad_input_on_an_empty_shard_writes_nothing(shard: ShardClient, re
 
 
 async def _seed_every_state(shard: ShardClient, clock: FakeClock, tenant: str) -> dict[str, list]:
-    """Seven jobs of the tenant in each listable state; returns their IDs in listing order."""
+    """Seven jobs of the tenant in each listable state; returns their IDs in listing order.
+
+    The active and dead ones go through queue "run", which only this seeding claims from: a
+    claim takes turns between tenants, so another tenant's ready jobs must not be in its way.
+    """
     t = tenant[0].upper()
-    active = [job(f"{t}A{i}", tenant, priority=9) for i in range(7)]
+    active = [job(f"{t}A{i}", tenant, priority=9, queue="run") for i in range(7)]
     await shard.enqueue(active)
-    assert len(await shard.claim("w1", 7, LEASE)) == 7
-    dead = [job(f"{t}D{i}", tenant, priority=9) for i in range(7)]
+    assert len(await shard.claim("w1", 7, LEASE, ["run"])) == 7
+    dead = [job(f"{t}D{i}", tenant, priority=9, queue="run") for i in range(7)]
     for d in dead:
         await shard.enqueue([d])
-        (c,) = await shard.claim("w1", 1, LEASE)
+        (c,) = await shard.claim("w1", 1, LEASE, ["run"])
         await shard.fail([Failure(c.job_id, c.fence, 1, "x", permanent=True)])
         clock.advance(1)
     scheduled = [job(f"{t}S{i}", tenant, delay_ms=DAY - i) for i in range(7)]
     ready = [job(f"{t}R{i}", tenant, priority=i % 3) for i in range(7)]
+    mail = [job(f"{t}M{i}", tenant, priority=i % 2, queue="mail") for i in range(4)]
     cancelled = [job(f"{t}C{i}", tenant, priority=i % 3) for i in range(3)]
-    await shard.enqueue([*ready[:3], *cancelled, *ready[3:], *scheduled])
+    await shard.enqueue([*ready[:3], *mail[:2], *cancelled, *ready[3:], *mail[2:], *scheduled])
     for c in cancelled:
         await shard.cancel(tenant, c.job_id)
     return {
         "active": [j.job_id for j in active],
         "dead": [j.job_id for j in reversed(dead)],
         "scheduled": [j.job_id for j in reversed(scheduled)],
-        "ready": [j.job_id for p in (2, 1, 0) for j in ready if j.priority == p],
+        # Queue by queue (by name), most urgent first, then FIFO.
+        "ready": [j.job_id for q in (ready, mail) for p in (2, 1, 0) for j in q if j.priority == p],
     }
 
 

@@ -1,15 +1,20 @@
 """Model-based test of a shard: random sequences of every job operation on a real redis-server.
 
-A hypothesis ``RuleBasedStateMachine`` drives :class:`~shard.client.ShardClient` (enqueue with
-dedupe and quotas, fairness weights, clock moves incl. exactly onto a deadline, promote, claim,
-heartbeat, ack, fail, reap, cancel, requeue_dead) against one redis-server and a FakeClock, and
-keeps a Python model of every job (:mod:`tests.support.model`). After every step the whole
-keyspace is read back and checked twice: against the data-structure rules alone (each job sits
-in exactly the structures of the state its hash names, the rings list exactly the tenants with
-a non-empty ready list, the gauges count the jobs in each state) and against the model (job
-hashes field by field, the FIFO order of ready lists and rings, lease deadlines, counters, the
-fencing counter). Calls made only with stale fences, and refused cancels, must leave the
-keyspace byte for byte as it was; every new fencing token is above all earlier ones.
+A hypothesis ``RuleBasedStateMachine`` drives :class:`~shard.client.ShardClient` (enqueue in
+two queues with dedupe and quotas of jobs and bytes, tenant limits (weight, max_active,
+max_pending), pause and resume of tenants, queues and a tenant's queue, clock moves incl.
+exactly onto a deadline, promote, claim from one or both queues, heartbeat, ack, fail, release
+with and without a hand-back, reap, cancel, requeue_dead) against one redis-server and a
+FakeClock, and keeps a Python model of every job (:mod:`tests.support.model`). After every step
+the whole keyspace is read back and checked twice: against the data-structure rules alone
+(each job sits in exactly the structures of the state its hash names, the priorities and
+queues of a tenant are exactly its non-empty lists, each ring holds every tenant that may be
+served there and only tenants with ready jobs there, a tenant is parked exactly when it is at
+its max_active, the gauges count the jobs (and payload bytes) in each state) and against the
+model (job hashes field by field, the FIFO order of ready lists and rings, credits, lease
+deadlines, counters, the fencing counter). Calls made only with stale fences, and refused
+cancels, must leave the keyspace byte for byte as it was; every new fencing token is above all
+earlier ones.
 
 One redis-server and one event loop serve the whole run; each example starts from FLUSHALL.
 """
@@ -36,7 +41,15 @@ from redis.asyncio import Redis
 
 from shardq.common.errors import FailedPrecondition, NotFound
 from shardq.coordinator.tools.redis_server import RedisProcess
-from shardq.shard import FakeClock, ItemCode, Lease, Limits, NewJob, ShardClient, ShardSettings
+from shardq.shard import (
+    FakeClock,
+    ItemCode,
+    Lease,
+    NewJob,
+    ShardClient,
+    ShardSettings,
+    TenantLimits,
+)
 from shardq.shard.keys import TERMINAL_STATES
 from shardq.shard.models import Failure
 from tests.support.model import COUNTERS, GAUGES, ModelJob, ShardModel, Submit
@@ -50,9 +63,16 @@ TENANTS = ("acme", "bravo", "chi")
 REQUEST_IDS = tuple(f"req-{i}" for i in range(6))
 HANDLERS = ("email.send", "pdf.render")
 PAYLOADS = (b"{}", b'{"n":1}')
+QUEUES = ("default", "b")
+#: What a claim serves: one queue, or both in either order.
+CLAIM_QUEUES = (("default",), ("b",), ("default", "b"), ("b", "default"))
 MISSING_JOB = "J99999"
-#: Keys written for idle workers and the shard loop; their content is not part of job state.
-WAKE_KEYS = {f"{P}:wake", f"{P}:promoter_wake"}
+
+
+def _is_wake(key: str) -> bool:
+    """Keys written for idle workers and the shard loop; their content is not job state."""
+    return key == f"{P}:promoter_wake" or key.startswith(f"{P}:wake:")
+
 
 SETTINGS = settings(
     max_examples=150,
@@ -75,7 +95,15 @@ submits = st.fixed_dictionaries(
         "max_attempts": st.integers(1, 3),
         "timeout_ms": st.sampled_from([0, 1_000]),
         "max_pending": st.sampled_from([0, 0, 0, 0, 0, 0, 2, 5]),
+        "max_pending_bytes": st.sampled_from([0] * 10 + [9, 20]),
+        "queue": st.sampled_from(["default", "default", "b"]),
     }
+)
+#: A pause's target: a tenant, a queue, or a tenant's queue.
+pause_targets = st.one_of(
+    st.tuples(st.sampled_from(TENANTS), st.none()),
+    st.tuples(st.none(), st.sampled_from(QUEUES)),
+    st.tuples(st.sampled_from(TENANTS), st.sampled_from(QUEUES)),
 )
 
 
@@ -101,42 +129,73 @@ def _places(snap: dict[str, Any]) -> dict[str, Counter[str]]:
     return places
 
 
-def _expected_places(state: str, t: str, prio: str) -> dict[str, int]:
+def _expected_places(state: str, t: str, q: str, prio: str) -> dict[str, int]:
     return {
         "scheduled": {f"{P}:scheduled": 1, f"{P}:tscheduled:{t}": 1},
-        "ready": {f"{P}:ready:{t}:{prio}": 1},
+        "ready": {f"{P}:ready:{t}:{q}:{prio}": 1},
         "active": {f"{P}:leases": 1, f"{P}:tactive:{t}": 1},
         "dead": {f"{P}:dead:{t}": 1},
     }.get(state, {})
 
 
+def _lists(snap: dict[str, Any]) -> dict[tuple[str, str, int], list[str]]:
+    """(tenant, queue, priority) -> ready list, from ``ready:{t}:{q}:{p}`` keys."""
+    out = {}
+    for key, value in snap.items():
+        if key.startswith(f"{P}:ready:"):
+            _, _, t, q, prio = key.split(":")
+            out[(t, q, int(prio))] = value
+    return out
+
+
 def check_structures(snap: dict[str, Any]) -> None:
-    """Each job is in exactly the structures of its state; rings, gauges and fences agree."""
+    """Each job is in exactly the structures of its state; priorities, queues, rings,
+    parking, gauges and fences agree."""
     jobs = {k.removeprefix(f"{P}:job:"): h for k, h in snap.items() if k.startswith(f"{P}:job:")}
     places = _places(snap)
     assert set(places) <= set(jobs), f"structures hold unknown jobs {set(places) - set(jobs)}"
     for jid, h in jobs.items():
-        state, t, prio = h["s"], h["t"], h["pr"]
+        state, t, q, prio = h["s"], h["t"], h.get("q", "default"), h["pr"]
+        assert h.get("q") != "default", "the default queue is never stored"
         got = dict(places.get(jid, {}))
-        want = _expected_places(state, t, prio)
-        if state == "cancelled" and got == {f"{P}:ready:{t}:{prio}": 1}:
+        want = _expected_places(state, t, q, prio)
+        if state == "cancelled" and got == {f"{P}:ready:{t}:{q}:{prio}": 1}:
             want = got  # cancelled while ready: its ID is removed lazily by claim
         assert got == want, f"job {jid} ({state}) is in {got}, expected {want}"
-    for prio in range(10):
-        ring = snap.get(f"{P}:ring:{prio}", [])
-        assert len(ring) == len(set(ring)), f"ring {prio} repeats a tenant: {ring}"
-        nonempty = {
-            k.split(":")[2] for k in snap if k.startswith(f"{P}:ready:") and k.endswith(f":{prio}")
-        }
-        assert set(ring) == nonempty, f"ring {prio} is {ring}, tenants with work: {nonempty}"
-        credit = set(snap.get(f"{P}:credit:{prio}", {}))
-        assert credit <= set(ring), f"credit {credit} of tenants off ring {prio} {ring}"
+    lists = _lists(snap)
     tenants = {h["t"] for h in jobs.values()}
+    work = {(t, q) for (t, q, _) in lists}
+    for t in tenants:
+        for q in QUEUES:
+            prios = [int(m) for m, _ in snap.get(f"{P}:tprio:{t}:{q}", [])]
+            assert prios == sorted(p for (t2, q2, p) in lists if (t2, q2) == (t, q)), (t, q)
+        assert snap.get(f"{P}:tqueues:{t}", set()) == {q for (t2, q) in work if t2 == t}
+    paused = snap.get(f"{P}:paused", set())
+    tq_paused = snap.get(f"{P}:tqpaused", set())
+    parked = snap.get(f"{P}:parked", set())
+    for q in QUEUES:
+        ring = snap.get(f"{P}:qring:{q}", [])
+        assert len(ring) == len(set(ring)), f"ring {q} repeats a tenant: {ring}"
+        assert snap.get(f"{P}:inring:{q}", set()) == set(ring), f"inring of {q} is not its ring"
+        with_work = {t for (t, q2) in work if q2 == q}
+        assert set(ring) <= with_work, f"ring {q} is {ring}, tenants with work: {with_work}"
+        servable = {
+            t for t in with_work if t not in paused | parked and f"{t}/{q}" not in tq_paused
+        }
+        assert servable <= set(ring), f"ring {q} is {ring}, servable tenants: {servable}"
+        credit = set(snap.get(f"{P}:qcredit:{q}", {}))
+        assert credit <= set(ring), f"credit {credit} of tenants off ring {q} {ring}"
     for t in tenants:
         counts = snap.get(f"{P}:counts:{t}", {})
-        states = Counter(h["s"] for h in jobs.values() if h["t"] == t)
+        mine = [h for h in jobs.values() if h["t"] == t]
+        states = Counter(h["s"] for h in mine)
+        want = {g: states[g] for g in GAUGES}
+        want["bytes"] = sum(len(h["p"]) for h in mine if h["s"] in ("scheduled", "ready", "active"))
         got = {g: int(counts.get(g, 0)) for g in GAUGES}
-        assert got == {g: states[g] for g in GAUGES}, f"{t}: counts {got} vs states {states}"
+        assert got == want, f"{t}: counts {got} vs states {want}"
+        cap = int(snap.get(f"{P}:limits:{t}", {}).get("max_active", 0))
+        at_cap = cap > 0 and states["active"] >= cap
+        assert (t in parked) == at_cap, f"{t}: parked {t in parked}, {states['active']} of {cap}"
     fence = int(snap.get(f"{P}:fence", 0))
     assert all(int(h["f"]) <= fence for h in jobs.values())
 
@@ -163,6 +222,10 @@ def expected_hash(j: ModelJob) -> dict[str, str]:
         h["e"] = j.error
     if j.cancel_requested:
         h["cx"] = "1"
+    if j.queue != "default":
+        h["q"] = j.queue
+    if j.avoid_worker:
+        h |= {"xw": j.avoid_worker, "xu": str(j.avoid_until)}
     return h
 
 
@@ -183,11 +246,21 @@ def expected_keyspace(m: ShardModel) -> dict[str, Any]:
     exp |= _per_tenant(m, "scheduled", "tscheduled", "run_at")
     exp |= _per_tenant(m, "active", "tactive", "started_at")
     exp |= _per_tenant(m, "dead", "dead", "finished_at")
-    exp |= {f"{P}:ready:{t}:{p}": list(ids) for (t, p), ids in m.ready.items()}
-    exp |= {f"{P}:ring:{p}": list(ring) for p, ring in m.rings.items()}
+    exp |= {f"{P}:ready:{t}:{q}:{p}": list(ids) for (t, q, p), ids in m.ready.items()}
+    for t in m.tenants:
+        exp[f"{P}:tqueues:{t}"] = m.queues_of(t)
+        for q in QUEUES:
+            lists = m.lists_of(t, q)
+            exp[f"{P}:tprio:{t}:{q}"] = [(str(p), p) for p in sorted(lists)]
+    exp |= {f"{P}:qring:{q}": list(ring) for q, ring in m.rings.items()}
+    exp |= {f"{P}:inring:{q}": set(ring) for q, ring in m.rings.items()}
     exp |= {f"{P}:dedupe:{t}:{r}": f"{jid} {d}" for (t, r), (jid, d) in m.dedupe.items()}
-    exp |= {f"{P}:credit:{p}": {t: str(n) for t, n in c.items()} for p, c in m.credit.items()}
-    exp[f"{P}:weights"] = {t: str(w) for t, w in m.weights.items()}
+    exp |= {f"{P}:qcredit:{q}": {t: str(n) for t, n in c.items()} for q, c in m.credit.items()}
+    exp |= {f"{P}:limits:{t}": {f: str(v) for f, v in lim.items()} for t, lim in m.limits.items()}
+    exp[f"{P}:paused"] = set(m.paused)
+    exp[f"{P}:qpaused"] = set(m.paused_queues)
+    exp[f"{P}:tqpaused"] = set(m.paused_tenant_queues)
+    exp[f"{P}:parked"] = set(m.parked)
     exp[f"{P}:tenants"] = set(m.tenants)
     exp[f"{P}:fence"] = str(m.fence)
     # Redis holds no empty structures and no fence before the first claim.
@@ -196,7 +269,7 @@ def expected_keyspace(m: ShardModel) -> dict[str, Any]:
 
 def check_against_model(snap: dict[str, Any], m: ShardModel) -> None:
     exp = expected_keyspace(m)
-    got = {k: v for k, v in snap.items() if k not in WAKE_KEYS and ":counts:" not in k}
+    got = {k: v for k, v in snap.items() if not _is_wake(k) and ":counts:" not in k}
     assert set(got) == set(exp), f"extra keys {set(got) - set(exp)}, missing {set(exp) - set(got)}"
     for k, v in exp.items():
         assert got[k] == v, f"{k}: redis {got[k]!r} != model {v!r}"
@@ -272,7 +345,7 @@ class ShardJobsMachine(RuleBasedStateMachine):
     ) -> None:
         assert self.snap() == {}
         for tenant, weight in weights.items():
-            self.set_weight(tenant, weight)
+            self.set_limits(tenant, weight, 0, 0)
         self.enqueue(batch)
 
     @rule(batch=st.lists(submits, min_size=1, max_size=6))
@@ -289,8 +362,11 @@ class ShardJobsMachine(RuleBasedStateMachine):
                 NewJob(
                     tenant=s["tenant"], handler=s["handler"], payload=s["payload"],
                     request_id=request_id, priority=s["priority"],
-                    max_attempts=s["max_attempts"], timeout_ms=s["timeout_ms"],
-                    limits=Limits(max_pending=s["max_pending"]), job_id=job_id, **timing,
+                    max_attempts=s["max_attempts"], timeout_ms=s["timeout_ms"], queue=s["queue"],
+                    limits=TenantLimits(
+                        max_pending=s["max_pending"], max_pending_bytes=s["max_pending_bytes"]
+                    ),
+                    job_id=job_id, **timing,
                 )
             )  # fmt: skip
             model_submits.append(
@@ -299,6 +375,7 @@ class ShardJobsMachine(RuleBasedStateMachine):
                     handler=s["handler"], payload=s["payload"], priority=s["priority"],
                     run_at=now + delay, max_attempts=s["max_attempts"],
                     timeout_ms=s["timeout_ms"] or 300_000, max_pending=s["max_pending"],
+                    queue=s["queue"], max_pending_bytes=s["max_pending_bytes"],
                 )
             )  # fmt: skip
         got = self.run(self.shard.enqueue(jobs))
@@ -309,10 +386,48 @@ class ShardJobsMachine(RuleBasedStateMachine):
         for r in got:
             assert (r.retry_after_ms > 0) == (r.code is ItemCode.OVER_QUOTA)
 
-    @rule(tenant=st.sampled_from(TENANTS), weight=st.sampled_from([1, 1, 2, 3]))
-    def set_weight(self, tenant: str, weight: int) -> None:
-        self.run(self.shard.set_weight(tenant, weight))
-        self.model.set_weight(tenant, weight)
+    @rule(
+        tenant=st.sampled_from(TENANTS),
+        weight=st.sampled_from([0, 1, 2, 3]),
+        max_active=st.sampled_from([0, 0, 1, 2]),
+        max_pending=st.sampled_from([0, 0, 0, 0, 0, 6]),
+    )
+    def set_limits(self, tenant: str, weight: int, max_active: int, max_pending: int) -> None:
+        limits = TenantLimits(weight=weight, max_active=max_active, max_pending=max_pending)
+        self.run(self.shard.set_limits(tenant, limits))
+        self.model.set_limits(
+            tenant, {"weight": weight, "max_active": max_active, "max_pending": max_pending}
+        )
+        assert self.run(self.shard.limits(tenant)) == limits
+
+    @rule(data=st.data())
+    def pause_or_resume(self, data: st.DataObject) -> None:
+        """Mostly: pause something, or resume something paused; sometimes either, anything."""
+        m = self.model
+        paused: list[tuple[str | None, str | None]] = [
+            *((t, None) for t in sorted(m.paused)),
+            *((None, q) for q in sorted(m.paused_queues)),
+            *((t, q) for t, _, q in (x.partition("/") for x in sorted(m.paused_tenant_queues))),
+        ]
+        resume = data.draw(st.booleans(), label="resume")
+        what = data.draw(
+            st.sampled_from(paused) if resume and paused else pause_targets, label="target"
+        )
+        if resume:
+            got = self.run(self.shard.resume(*what))
+            assert got == m.resume(*what)
+            event(f"resume: {'was paused' if got else 'was not'}")
+        else:
+            got = self.run(self.shard.pause(*what))
+            assert got == m.pause(*what)
+            event(f"pause: {'new' if got else 'again'}")
+        assert self.run(self.shard.paused(what[0] or TENANTS[0])) == (
+            (what[0] or TENANTS[0]) in m.paused,
+            sorted(
+                {q for q in QUEUES if f"{what[0] or TENANTS[0]}/{q}" in m.paused_tenant_queues}
+                | m.paused_queues
+            ),
+        )
 
     @rule(ms=st.sampled_from([0, 1, 100, 250, 1_000, 3_000, 10_000]))
     def advance_clock(self, ms: int) -> None:
@@ -339,10 +454,11 @@ class ShardJobsMachine(RuleBasedStateMachine):
         worker=st.sampled_from(["w1", "w2"]),
         max_jobs=st.integers(1, 5),
         lease_ms=st.sampled_from([1, 100, 1_000, 5_000]),
+        queues=st.sampled_from(CLAIM_QUEUES),
     )
-    def claim(self, worker: str, max_jobs: int, lease_ms: int) -> None:
-        got = self.run(self.shard.claim(worker, max_jobs, lease_ms))
-        want = self.model.claim(worker, max_jobs, lease_ms)
+    def claim(self, worker: str, max_jobs: int, lease_ms: int, queues: tuple[str, ...]) -> None:
+        got = self.run(self.shard.claim(worker, max_jobs, lease_ms, queues))
+        want = self.model.claim(worker, max_jobs, lease_ms, queues)
         event(f"claim: {len(got)} of {max_jobs}")
         assert [c.job_id for c in got] == [j.job_id for j in want]
         for c, j in zip(got, want, strict=True):
@@ -355,6 +471,7 @@ class ShardJobsMachine(RuleBasedStateMachine):
             assert (c.run_at_ms, c.created_at_ms, c.attempt, c.max_attempts, c.timeout_ms) == (
                 j.run_at, j.created_at, j.attempts, j.max_attempts, j.timeout_ms,
             )  # fmt: skip
+            assert c.queue == j.queue and c.queue in queues
             self.issued.append(Lease(c.job_id, c.fence))
 
     def _stale_changes_nothing(self, leases: list[Lease], call: Awaitable[T]) -> T:
@@ -383,6 +500,15 @@ class ShardJobsMachine(RuleBasedStateMachine):
         assert got == self.model.ack([(x.job_id, x.fence) for x in leases])
         for code in got:
             event(f"ack: {code.name}")
+
+    @precondition(lambda self: self.issued)
+    @rule(data=st.data(), avoid_ms=st.sampled_from([0, 0, 100, 5_000]))
+    def release(self, data: st.DataObject, avoid_ms: int) -> None:
+        leases = self.draw_leases(data)
+        got = self._stale_changes_nothing(leases, self.shard.release(leases, avoid_ms))
+        assert got == self.model.release([(x.job_id, x.fence) for x in leases], avoid_ms)
+        for code in got:
+            event(f"release: {code.name} {'hand-back' if avoid_ms else 'shutdown'}")
 
     @precondition(lambda self: self.issued)
     @rule(data=st.data())

@@ -20,7 +20,7 @@ from shardq.shard import FakeClock, NewJob, ShardClient, ShardSettings
 from shardq.shard.__main__ import parse_args
 from shardq.shard.load import LoadSampler, TenantGauges, next_sample
 from shardq.shard.loop import LoopMetrics, LoopSettings, ShardLoop
-from shardq.shard.models import Failure, Lease, TenantLoad
+from shardq.shard.models import Failure, Lease, TenantLimits, TenantLoad
 
 SETTINGS = ShardSettings(key_prefix="sq")
 SECOND = 1_000
@@ -61,7 +61,9 @@ async def test_rates_are_the_counter_increases_over_the_sampled_interval(
     sampler = LoadSampler(shard)
     first = await sampler.sample()
     # The first sample of a tenant has nothing to compare with: no rates yet.
-    assert first["acme"] == TenantLoad("acme", ready=30, submitted_total=30, at_ms=clock.now_ms())
+    assert first["acme"] == TenantLoad(
+        "acme", ready=30, submitted_total=30, at_ms=clock.now_ms(), pending_bytes=60
+    )
     assert await stored(redis, "acme") == {"at_ms": clock.now_ms(), "submitted": 30,
                                            "succeeded": 0, "failed": 0}  # fmt: skip
 
@@ -290,14 +292,25 @@ def test_tenant_stats_fill_every_field_of_the_message() -> None:
     load = TenantLoad(
         "acme", scheduled=1, ready=2, active=3, dead=4, submitted_total=5, completed_total=6,
         failed_total=7, submit_per_s=8.5, complete_per_s=9.5, fail_per_s=10.5, at_ms=11,
+        pending_bytes=13, unrunnable_total=14,
     )  # fmt: skip
-    pb = tenant_stats_pb("acme", 12, load)
-    unset = [f.name for f in pb.DESCRIPTOR.fields if getattr(pb, f.name) == f.default_value]
+    limits = TenantLimits(weight=2, max_active=3)
+    pb = tenant_stats_pb(
+        "acme", 12, load, limits=limits, paused=True, paused_queues=["reports", "emails"]
+    )
+    unset = [
+        f.name
+        for f in pb.DESCRIPTOR.fields
+        if not (pb.HasField(f.name) if f.message_type else getattr(pb, f.name))
+    ]
     assert not unset, f"TenantStats fields tenant_stats_pb leaves unset: {unset}"
     assert (pb.tenant_id, pb.shard_id, pb.scheduled, pb.dead) == ("acme", 12, 1, 4)
     assert (pb.submitted_total, pb.completed_total, pb.failed_total) == (5, 6, 7)
     assert (pb.submitted_per_s, pb.completed_per_s, pb.failed_per_s) == (8.5, 9.5, 10.5)
     assert pb.rates_sampled_at_unix_ms == 11
+    assert (pb.pending_bytes, pb.unrunnable_total) == (13, 14)
+    assert (pb.limits.weight, pb.limits.max_active, pb.paused) == (2, 3, True)
+    assert list(pb.paused_queues) == ["emails", "reports"]
 
 
 async def test_tenant_stats_carry_the_sampled_rates(shard: ShardClient, clock: FakeClock) -> None:

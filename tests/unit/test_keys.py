@@ -18,9 +18,16 @@ LUA_TO_PYTHON = {
     "tscheduled": "scheduled_by_tenant",
     "tactive": "active_by_tenant",
     "ready": "ready",
+    "tprio": "priorities",
+    "tqueues": "queues",
     "ring": "ring",
+    "inring": "in_ring",
     "credit": "credit",
-    "weights": "weights",
+    "limits": "limits",
+    "paused": "paused",
+    "qpaused": "paused_queues",
+    "tqpaused": "paused_tenant_queues",
+    "parked": "parked",
     "leases": "leases",
     "fence": "fence",
     "dead": "dead",
@@ -36,6 +43,11 @@ LUA_TO_PYTHON = {
     "moving": "moving",
     "moving_schedules": "moving_schedules",
     "moved_counts": "moved_counts",
+    "old_ready": "old_ready",
+    "old_ring": "old_ring",
+    "old_credit": "old_credit",
+    "old_weights": "old_weights",
+    "old_wake": "old_wake",
 }
 #: Keys methods with no Lua builder: passed in KEYS by their only scripts, or (load) used by
 #: no script at all.
@@ -46,6 +58,7 @@ SAMPLES: dict[str, object] = {
     "job_id": "JOBID",
     "tenant": "TENANT",
     "priority": 7,
+    "queue": "QUEUE",
     "request_id": "REQ",
     "move_id": "MOVEID",
 }
@@ -127,6 +140,18 @@ def test_lua_scripts_derive_keys_only_through_the_lib_builders() -> None:
         text = (folder / f"{name}.lua").read_text()
         assert "base .." not in text, f"{name}.lua builds a key itself"
         assert "KEYS[1] .." not in text, f"{name}.lua builds a key itself"
+
+
+@pytest.mark.parametrize("queue", ["0", "9", "default"])
+def test_no_key_of_the_queue_layout_spells_a_key_of_the_previous_layout(queue: str) -> None:
+    # A queue may be named "0".."9": its ring, credit and wake keys must still never be the
+    # previous layout's ring:{p}, credit:{p} and wake, which upgrade_layout.lua deletes.
+    k = Keys("p")
+    old = {k.old_ring(p) for p in range(10)} | {k.old_credit(p) for p in range(10)}
+    old |= {k.old_weights(), k.old_wake()} | {k.old_ready("t", p) for p in range(10)}
+    new = {k.ring(queue), k.in_ring(queue), k.credit(queue), k.wake(queue)}
+    new |= {k.ready("t", queue, p) for p in range(10)} | {k.priorities("t", queue)}
+    assert not new & old
 
 
 def test_the_job_state_field_documents_every_state() -> None:

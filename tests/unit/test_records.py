@@ -40,8 +40,11 @@ PREPARED = PreparedJob(
     max_attempts=3,
     timeout_ms=9_000,
     digest="0123456789abcdef",
+    queue="mail",
     max_pending=1_000,
-    rate_per_s=2.5,
+    max_pending_bytes=4_096,
+    submit_rate_per_s=2.5,
+    submit_burst=10,
 )
 
 #: One value per field of the job hash, as HGETALL returns them; distinct where types allow.
@@ -63,6 +66,9 @@ FULL_HASH: dict[bytes, bytes] = {
     b"fa": b"1003",
     b"e": b"boom",
     b"cx": b"1",
+    b"q": b"mail",
+    b"xw": b"worker-2",
+    b"xu": b"1004",
 }
 
 #: Header lines of an ARGV or reply entry list: "--   j=3   request_id   (string)   -> 'r'".
@@ -140,23 +146,26 @@ def test_a_full_hash_reads_into_every_attribute() -> None:
         job_id="J1", tenant="acme", request_id="req-1", handler="email.send", payload=b"{}",
         priority=7, state=JobState.ACTIVE, run_at_ms=1001, created_at_ms=1000, attempts=2,
         max_attempts=5, timeout_ms=9000, fence=42, worker_id="worker-1", started_at_ms=1002,
-        finished_at_ms=1003, last_error="boom", cancel_requested=True,
+        finished_at_ms=1003, last_error="boom", cancel_requested=True, queue="mail",
+        avoid_worker_id="worker-2", avoid_until_ms=1004,
     )  # fmt: skip
     assert rec.state is JobState.ACTIVE
 
 
 def test_fields_missing_from_the_hash_read_as_zero_empty_or_false() -> None:
-    # A job just enqueued: no worker, start, finish, error or cancel yet.
-    fresh = {k: v for k, v in FULL_HASH.items() if k not in (b"w", b"sa", b"fa", b"e", b"cx")}
+    # A job just enqueued: no worker, start, finish, error, cancel or hand-back yet.
+    later = (b"w", b"sa", b"fa", b"e", b"cx", b"xw", b"xu")
+    fresh = {k: v for k, v in FULL_HASH.items() if k not in later}
     rec = JobRecord.from_hash("J1", fresh | {b"s": b"ready", b"at": b"0", b"f": b"0"})
     assert (rec.worker_id, rec.started_at_ms, rec.finished_at_ms) == ("", 0, 0)
     assert (rec.last_error, rec.cancel_requested, rec.state) == ("", False, JobState.READY)
+    assert (rec.queue, rec.avoid_worker_id, rec.avoid_until_ms) == ("mail", "", 0)
     bare = JobRecord.from_hash("J2", {b"t": b"acme", b"pr": b""})
     assert bare == JobRecord(
         job_id="J2", tenant="acme", request_id="", handler="", payload=b"", priority=0,
         state=JobState.UNKNOWN, run_at_ms=0, created_at_ms=0, attempts=0, max_attempts=0,
         timeout_ms=0, fence=0, worker_id="", started_at_ms=0, finished_at_ms=0, last_error="",
-        cancel_requested=False,
+        cancel_requested=False, queue="default", avoid_worker_id="", avoid_until_ms=0,
     )  # fmt: skip
 
 
@@ -169,17 +178,17 @@ def test_cancel_requested_is_only_the_flag_one() -> None:
 
 def test_to_argv_writes_every_field_in_the_declared_order() -> None:
     argv = PREPARED.to_argv()
-    assert len(argv) == ENQUEUE_STRIDE == 12
+    assert len(argv) == ENQUEUE_STRIDE == 15
     by_name = dict(zip(ENQUEUE_ARGV, argv, strict=True))
-    assert by_name["rate_per_s"] == "2.5"  # a float as Lua's tonumber reads it
-    back = PreparedJob(**(by_name | {"rate_per_s": float(by_name["rate_per_s"])}))
+    assert by_name["submit_rate_per_s"] == "2.5"  # a float as Lua's tonumber reads it
+    back = PreparedJob(**(by_name | {"submit_rate_per_s": float(by_name["submit_rate_per_s"])}))
     assert back == PREPARED
-    assert by_name == dataclasses.asdict(PREPARED) | {"rate_per_s": "2.5"}
+    assert by_name == dataclasses.asdict(PREPARED) | {"submit_rate_per_s": "2.5"}
 
 
 def test_an_integral_rate_is_sent_as_a_float() -> None:
-    argv = dataclasses.replace(PREPARED, rate_per_s=0).to_argv()
-    assert argv[ENQUEUE_ARGV.index("rate_per_s")] == "0.0"
+    argv = dataclasses.replace(PREPARED, submit_rate_per_s=0).to_argv()
+    assert argv[ENQUEUE_ARGV.index("submit_rate_per_s")] == "0.0"
 
 
 def test_enqueue_lua_reads_the_fields_in_the_order_to_argv_writes_them() -> None:
@@ -210,9 +219,13 @@ def test_a_record_of_a_new_job_is_what_enqueue_lua_writes() -> None:
     written = {
         b"t": b"acme", b"r": b"req-1", b"h": b"email.send", b"p": PREPARED.payload,
         b"pr": b"7", b"s": b"scheduled", b"ra": b"1700000000123", b"ca": b"1000", b"at": b"0",
-        b"ma": b"3", b"to": b"9000", b"f": b"0",
+        b"ma": b"3", b"to": b"9000", b"f": b"0", b"q": b"mail",
     }  # fmt: skip
     assert JobRecord.of_new(PREPARED, result) == JobRecord.from_hash("J1", written)
+    # A job of the default queue has no 'q' field.
+    default = dataclasses.replace(PREPARED, queue="default")
+    without_q = {k: v for k, v in written.items() if k != b"q"}
+    assert JobRecord.of_new(default, result) == JobRecord.from_hash("J1", without_q)
 
 
 def test_a_dedupe_value_names_the_first_job_and_its_digest() -> None:
@@ -230,7 +243,7 @@ def claim_reply(*jobs: ClaimedJob) -> list[Any]:
             j.job_id.encode(), j.fence, j.tenant.encode(), j.request_id.encode(),
             j.handler.encode(), j.payload, str(j.priority).encode(), str(j.run_at_ms).encode(),
             str(j.created_at_ms).encode(), j.attempt, str(j.max_attempts).encode(),
-            str(j.timeout_ms).encode(),
+            str(j.timeout_ms).encode(), j.queue.encode(),
         ]  # fmt: skip
     return flat
 
@@ -239,7 +252,7 @@ def claimed(n: int) -> ClaimedJob:
     return ClaimedJob(
         job_id=f"J{n}", fence=10 + n, tenant=f"t{n}", request_id=f"req-{n}", handler=f"h{n}",
         payload=b'{"n": %d}' % n, priority=n, run_at_ms=1_000 + n, created_at_ms=900 + n,
-        attempt=1 + n, max_attempts=5 + n, timeout_ms=9_000 + n,
+        attempt=1 + n, max_attempts=5 + n, timeout_ms=9_000 + n, queue=f"q{n}",
     )  # fmt: skip
 
 
@@ -252,7 +265,7 @@ def test_a_claim_reply_of_several_jobs_reads_into_one_record_each() -> None:
 
 
 def test_a_claim_reply_cut_short_is_refused() -> None:
-    with pytest.raises(ValueError, match="12 per job"):
+    with pytest.raises(ValueError, match="13 per job"):
         ClaimedJob.from_reply([b"J1", 1])
 
 
@@ -263,7 +276,7 @@ def test_claim_lua_answers_the_fields_in_the_order_from_reply_reads_them() -> No
     for _, name, field in entries:
         expected = hash_field(name)
         assert field == (expected.value if expected else None), name
-    assert "out[n + 12]" in lua("claim") and "out[n + 13]" not in lua("claim")
+    assert "out[n + 13]" in lua("claim") and "out[n + 14]" not in lua("claim")
 
 
 def test_a_fail_reply_reads_its_state() -> None:

@@ -16,6 +16,8 @@ HANDLER_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 SCHEDULE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 JOB_ID_RE = re.compile(r"[0-9A-Za-z]{1,64}")
 WORKER_ID_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+#: A queue's name ends up in Redis keys (``ready:{tenant}:{queue}:{priority}``): as a tenant ID.
+QUEUE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 #: Largest attempt count a job may ask for.
@@ -52,6 +54,10 @@ def job_id(value: object, field: str = "job_id") -> str:
 
 def worker_id(value: object, field: str = "worker_id") -> str:
     return _matches(WORKER_ID_RE, value, field, "worker ID")
+
+
+def queue(value: object, field: str = "queue") -> str:
+    return _matches(QUEUE_RE, value, field, "queue name")
 
 
 def int_in_range(value: object, low: int, high: int, field: str) -> int:
