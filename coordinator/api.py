@@ -15,16 +15,22 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
 from shardq.common import validation
-from shardq.common.errors import AlreadyExists, InvalidArgument, NotFound, ShardqError
+from shardq.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ShardqError,
+)
 from shardq.common.ids import new_job_id
-from shardq.coordinator import convert
+from shardq.coordinator import convert, limits
 from shardq.coordinator.app import Coordinator
 from shardq.coordinator.assignment import assign
 from shardq.coordinator.errors import Ctx, abort, item_code, shorten, translate
-from shardq.coordinator.router import PlacedJob, Submitted, page_offset
+from shardq.coordinator.router import PlacedJob, Submitted, TenantStatus, page_offset
 from shardq.shard.client import raise_for_enqueue
 from shardq.shard.codes import ItemCode
-from shardq.shard.models import NewJob
+from shardq.shard.models import NewJob, TenantLoad
 from shardq.shard.records import EnqueueResult, JobState
 from shardq.v1 import (
     admin_pb2,
@@ -158,7 +164,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         """The spec as a job for the router, or why it is not a valid one."""
         request_id = spec.request_id or f"gen-{new_job_id()}"
         try:
-            return convert.new_job(
+            job = convert.new_job(
                 tenant,
                 spec,
                 request_id,
@@ -167,6 +173,23 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             )
         except ShardqError as exc:
             return exc
+        if self.c.settings.reject_unknown_handlers:
+            return self._known_handler(job)
+        return job
+
+    def _known_handler(self, job: NewJob) -> NewJob | ShardqError:
+        """``job`` if a live worker serving its queue has its handler (as the registry last
+        read), else why not (a malformed name is INVALID_ARGUMENT, as without the check)."""
+        try:
+            validation.handler(job.handler, "job.handler")
+        except InvalidArgument as exc:
+            return exc
+        if not self.c.registry.serves(job.queue, job.handler):
+            return FailedPrecondition(
+                f"no live worker serving queue {job.queue!r} has a handler {job.handler!r}",
+                field="job.handler",
+            )
+        return job
 
     async def _submit(
         self, tenant: str, specs: list[common_pb2.JobSpec], coalesce: bool
@@ -363,8 +386,11 @@ class TenantService(tenants_pb2_grpc.TenantServiceServicer):
         self, request: tenants_pb2.GetTenantStatsRequest, context: Ctx
     ) -> common_pb2.TenantStats:
         tenant = await self.c.tenant_of(context, request.tenant_id)
-        shard_id, load = await self.c.router.tenant_load(tenant)
-        return convert.tenant_stats_pb(tenant, shard_id, load)
+        router = self.c.router
+        (shard_id, load), status = await asyncio.gather(
+            router.tenant_load(tenant), router.tenant_status(tenant)
+        )
+        return _stats_pb(self.c, tenant, shard_id, load, status)
 
 
 class AdminService(admin_pb2_grpc.AdminServiceServicer):
@@ -418,16 +444,54 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
             request.page_token,
         )
         return admin_pb2.ListTenantStatsResponse(
-            tenants=[convert.tenant_stats_pb(load.tenant, sid, load) for sid, load in page],
+            tenants=[
+                _stats_pb(self.c, load.tenant, sid, load, status) for sid, load, status in page
+            ],
             next_page_token=token,
         )
+
+    @unary
+    async def SetTenantLimits(
+        self, request: admin_pb2.SetTenantLimitsRequest, context: Ctx
+    ) -> common_pb2.TenantLimits:
+        await self.c.require_role(context, "admin")
+        tenant = validation.tenant_id(request.tenant_id)
+        wanted = limits.check(convert.limits_from_pb(request.limits))
+        await self.c.limits.put(tenant, wanted)  # the source of truth first: a retry repairs
+        await self.c.router.set_limits(tenant, wanted)
+        return convert.limits_to_pb(self.c.with_defaults(tenant, wanted))
+
+    @unary
+    async def GetTenantLimits(
+        self, request: admin_pb2.GetTenantLimitsRequest, context: Ctx
+    ) -> common_pb2.TenantLimits:
+        await self.c.require_role(context, "admin")
+        tenant = validation.tenant_id(request.tenant_id)
+        stored = await self.c.stored_limits(tenant)
+        return convert.limits_to_pb(self.c.with_defaults(tenant, stored))
+
+    @unary
+    async def Pause(self, request: admin_pb2.PauseRequest, context: Ctx) -> admin_pb2.PauseResponse:
+        await self.c.require_role(context, "admin")
+        await self.c.router.pause(*_pause_target(request))
+        return admin_pb2.PauseResponse()
+
+    @unary
+    async def Resume(
+        self, request: admin_pb2.ResumeRequest, context: Ctx
+    ) -> admin_pb2.ResumeResponse:
+        await self.c.require_role(context, "admin")
+        await self.c.router.pause(*_pause_target(request), resume=True)
+        return admin_pb2.ResumeResponse()
 
 
 class WorkerService(workers_pb2_grpc.WorkerServiceServicer):
     """Shard assignment for workers; an open stream is the worker's sign of life.
 
-    Shards are dealt over every live worker of the cluster (``WorkerRegistry``, shared by the
-    replicas through Postgres), so each replica sends its workers their share of the same deal.
+    Shards are dealt per queue over every live worker of the cluster that serves the queue
+    (``WorkerRegistry``, shared by the replicas through Postgres), so each replica sends its
+    workers their share of the same deal, and each shard endpoint names the queues the worker
+    claims there.
     """
 
     def __init__(self, coord: Coordinator) -> None:
@@ -446,27 +510,32 @@ class WorkerService(workers_pb2_grpc.WorkerServiceServicer):
     ) -> AsyncIterator[workers_pb2.Assignment]:
         await self.c.require_role(context, "admin", "worker")
         worker_id = validation.worker_id(request.worker_id)
+        registry = self.c.registry
+        info = registry.worker_info(
+            request.hostname, request.concurrency, request.queues, request.handlers
+        )
         queue: asyncio.Queue[None] = asyncio.Queue()
         previous = self._streams.get(worker_id)
         self._streams[worker_id] = queue
         if previous is not None:
             previous.put_nowait(None)  # a reconnect replaces the old stream
-        registry = self.c.registry
-        await registry.join(worker_id, request.hostname[:256], request.concurrency)
+        await registry.join(worker_id, info)
         self._nudge()
-        last: tuple[int, ...] | None = None
+        last: tuple[tuple[int, tuple[str, ...]], ...] | None = None
         try:
             while self._streams.get(worker_id) is queue:
                 m = self.c.shard_map
-                live = registry.live | set(self._streams)
-                mine = tuple(assign(m.shards, live).get(worker_id, []))
+                live = registry.snapshot()
+                mine = tuple(assign(m.shards, live).get(worker_id, {}).items())
                 if mine != last:
                     last = mine
                     yield workers_pb2.Assignment(
                         map_version=m.version,
                         shards=[
-                            workers_pb2.ShardEndpoint(shard_id=s, address=m.shards[s].address)
-                            for s in mine
+                            workers_pb2.ShardEndpoint(
+                                shard_id=s, address=m.shards[s].address, queues=queues
+                            )
+                            for s, queues in mine
                         ],
                         live_workers=len(live),
                     )
@@ -476,6 +545,31 @@ class WorkerService(workers_pb2_grpc.WorkerServiceServicer):
                 del self._streams[worker_id]
                 await registry.leave(worker_id)
                 self._nudge()
+
+
+def _stats_pb(
+    coord: Coordinator, tenant: str, shard_id: int, load: TenantLoad, status: TenantStatus
+) -> common_pb2.TenantStats:
+    """A tenant's statistics, with its limits as its shard enforces them (defaults applied)."""
+    return convert.tenant_stats_pb(
+        tenant,
+        shard_id,
+        load,
+        limits=coord.with_defaults(tenant, status.limits),
+        paused=status.paused,
+        paused_queues=status.paused_queues,
+    )
+
+
+def _pause_target(
+    request: admin_pb2.PauseRequest | admin_pb2.ResumeRequest,
+) -> tuple[str | None, str | None]:
+    """(tenant or None, queue or None) of a Pause or Resume: at least one, each valid."""
+    if not request.tenant_id and not request.queue:
+        raise InvalidArgument("give tenant_id, queue, or both", field="tenant_id")
+    tenant = validation.tenant_id(request.tenant_id) if request.tenant_id else None
+    queue = validation.queue(request.queue) if request.queue else None
+    return tenant, queue
 
 
 def _changed(a: common_pb2.Job, b: common_pb2.Job) -> bool:

@@ -8,7 +8,6 @@ results) or the shards' Redis; any number of replicas give the same answers.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,13 +17,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shardq.common import validation
 from shardq.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from shardq.coordinator import limits
 from shardq.coordinator.errors import Ctx
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.registry import WorkerRegistry
 from shardq.coordinator.router import ShardPool, TenantRouter
 from shardq.coordinator.shardmap import ShardMapFollower, ShardMapStore
 from shardq.coordinator.tokens import Principal, TokenStore
-from shardq.shard.models import Limits, ShardSettings
+from shardq.shard.models import ShardSettings, TenantLimits
 from shardq.store import db
 from shardq.store.results import read_result
 
@@ -52,9 +52,17 @@ class CoordinatorSettings:
     worker_token: str = ""
     #: Most jobs in one SubmitJobs call, and IDs in one RequeueDeadJobs call.
     max_batch_jobs: int = 1_000
-    #: Limits every tenant gets unless ``tenant_limits`` says otherwise.
-    default_limits: Limits = field(default_factory=lambda: Limits(max_pending=1_000_000))
-    tenant_limits: Mapping[str, Limits] = field(default_factory=dict)
+    #: Admission limits (rate, burst, pending jobs and bytes) a tenant gets where neither its
+    #: ``tenant_limits`` entry nor its stored limits (SetTenantLimits) set them: the flags
+    #: with SHARDQ_TENANT_LIMITS' ``"*"`` entry over them (see :mod:`coordinator.limits`).
+    default_limits: TenantLimits = field(
+        default_factory=lambda: TenantLimits(max_pending=1_000_000)
+    )
+    #: Per tenant, SHARDQ_TENANT_LIMITS' entry: defaults over ``default_limits``.
+    tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
+    #: Refuse a submit whose handler no live worker serving its queue has
+    #: (``--reject-unknown-handlers``): FAILED_PRECONDITION naming the handler.
+    reject_unknown_handlers: bool = False
     #: Most recurring schedules per tenant.
     max_schedules_per_tenant: int = 1_000
     #: How often the shard-map version is polled besides LISTEN/NOTIFY, in seconds.
@@ -65,19 +73,6 @@ class CoordinatorSettings:
     worker_refresh_s: float = 1.0
     #: The shards' data-plane settings (key prefix, dedupe window, payload limit...).
     shard: ShardSettings = field(default_factory=ShardSettings)
-
-
-def parse_tenant_limits(raw: str) -> dict[str, Limits]:
-    """``{"acme": {"max_pending": 1000, "rate_per_s": 50}}`` (SHARDQ_TENANT_LIMITS)."""
-    if not raw:
-        return {}
-    out = {}
-    for tenant, spec in json.loads(raw).items():
-        validation.tenant_id(tenant)
-        out[tenant] = Limits(
-            max_pending=int(spec.get("max_pending", 0)), rate_per_s=float(spec.get("rate_per_s", 0))
-        )
-    return out
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -97,6 +92,8 @@ class Coordinator:
             self.store, db.psycopg_dsn(settings.database_url), settings.map_poll_interval_s
         )
         self.tokens = TokenStore(self.engine)
+        #: Tenants' limits as admins set them (the source of truth the shards are given).
+        self.limits = limits.LimitsStore(self.engine)
         self.pool = ShardPool(settings.redis_password, settings.shard)
         #: Where each tenant's work goes (both sides of a move); the services' way to shards.
         self.router = TenantRouter(self.pool, self.follower)
@@ -120,8 +117,20 @@ class Coordinator:
     def shard_map(self) -> ShardMap:
         return self.follower.current
 
-    def limits_for(self, tenant: str) -> Limits:
-        return self.settings.tenant_limits.get(tenant, self.settings.default_limits)
+    def limits_for(self, tenant: str) -> TenantLimits:
+        """The coordinator's defaults for ``tenant`` (its SHARDQ_TENANT_LIMITS entry over
+        ``default_limits``): what its shard uses where the tenant's stored limits say nothing."""
+        entry = self.settings.tenant_limits.get(tenant)
+        base = self.settings.default_limits
+        return base if entry is None else limits.overlay(base, entry)
+
+    async def stored_limits(self, tenant: str) -> TenantLimits:
+        """The tenant's limits as stored (0 where its row, if any, sets nothing)."""
+        return await self.limits.get(tenant) or TenantLimits()
+
+    def with_defaults(self, tenant: str, stored: TenantLimits) -> TenantLimits:
+        """``stored`` with this coordinator's defaults, then the shard's, where it sets nothing."""
+        return limits.effective(limits.overlay(self.limits_for(tenant), stored))
 
     async def authenticate(self, context: Ctx) -> Principal:
         token = bearer_token(context.invocation_metadata())

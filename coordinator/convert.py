@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from shardq.common import validation
 from shardq.common.errors import InvalidArgument
 from shardq.shard import cron
-from shardq.shard.models import Limits, NewJob, Schedule, ScheduleSpec, TenantLoad
+from shardq.shard.models import NewJob, Schedule, ScheduleSpec, TenantLimits, TenantLoad
 from shardq.shard.records import JobRecord, JobState
 from shardq.v1 import common_pb2, schedules_pb2
 
@@ -26,6 +27,9 @@ TERMINAL_PB = frozenset(
     {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_DEAD, common_pb2.JOB_STATE_CANCELLED}
 )
 
+
+#: The queue of a job whose spec names none.
+DEFAULT_QUEUE = "default"
 
 #: Longest cron expression and time zone name accepted (IANA names are under 40 characters).
 MAX_CRON_CHARS = 256
@@ -90,7 +94,11 @@ def _when(spec: common_pb2.JobSpec) -> tuple[int | None, int | None]:
 
 
 def new_job(
-    tenant: str, spec: common_pb2.JobSpec, request_id: str, limits: Limits, max_payload: int
+    tenant: str,
+    spec: common_pb2.JobSpec,
+    request_id: str,
+    limits: TenantLimits,
+    max_payload: int,
 ) -> NewJob:
     """A submitted JobSpec as a NewJob; raises InvalidArgument naming the ``job.`` field."""
     payload = spec.payload
@@ -105,6 +113,7 @@ def new_job(
         raise InvalidArgument(f"{delay} is negative", field="job.delay_ms")
     if spec.priority > validation.MAX_PRIORITY:
         raise InvalidArgument(f"{spec.priority} is outside [0, 9]", field="job.priority")
+    queue = validation.queue(spec.queue, "job.queue") if spec.queue else DEFAULT_QUEUE
     return NewJob(
         tenant=tenant,
         handler=spec.handler,
@@ -116,6 +125,7 @@ def new_job(
         max_attempts=spec.max_attempts,
         timeout_ms=spec.timeout_ms,
         limits=limits,
+        queue=queue,
     )
 
 
@@ -140,11 +150,44 @@ def job_to_pb(rec: JobRecord, shard_id: int, result: bytes | None = None) -> com
         result=result or b"",
         shard_id=shard_id,
         cancel_requested=rec.cancel_requested,
+        queue=rec.queue,
     )
 
 
-def tenant_stats_pb(tenant: str, shard_id: int, load: TenantLoad) -> common_pb2.TenantStats:
-    """Every field of TenantStats from a tenant's load (``ShardClient.tenant_load(s)``)."""
+def limits_from_pb(m: common_pb2.TenantLimits) -> TenantLimits:
+    """The message's values as they are (``limits.check`` says whether they may be set)."""
+    return TenantLimits(
+        weight=m.weight,
+        max_active=m.max_active,
+        submit_rate_per_s=m.submit_rate_per_s,
+        submit_burst=m.submit_burst,
+        max_pending=m.max_pending,
+        max_pending_bytes=m.max_pending_bytes,
+    )
+
+
+def limits_to_pb(t: TenantLimits) -> common_pb2.TenantLimits:
+    return common_pb2.TenantLimits(
+        weight=t.weight,
+        max_active=t.max_active,
+        submit_rate_per_s=t.submit_rate_per_s,
+        submit_burst=t.submit_burst,
+        max_pending=t.max_pending,
+        max_pending_bytes=t.max_pending_bytes,
+    )
+
+
+def tenant_stats_pb(
+    tenant: str,
+    shard_id: int,
+    load: TenantLoad,
+    *,
+    limits: TenantLimits | None = None,
+    paused: bool = False,
+    paused_queues: Sequence[str] = (),
+) -> common_pb2.TenantStats:
+    """Every field of TenantStats from a tenant's load (``ShardClient.tenant_load(s)``), its
+    limits (defaults applied) and its pauses."""
     return common_pb2.TenantStats(
         tenant_id=tenant,
         shard_id=shard_id,
@@ -159,6 +202,11 @@ def tenant_stats_pb(tenant: str, shard_id: int, load: TenantLoad) -> common_pb2.
         completed_per_s=load.complete_per_s,
         failed_per_s=load.fail_per_s,
         rates_sampled_at_unix_ms=load.at_ms,
+        limits=limits_to_pb(limits) if limits is not None else None,
+        paused=paused,
+        paused_queues=sorted(paused_queues),
+        pending_bytes=load.pending_bytes,
+        unrunnable_total=load.unrunnable_total,
     )
 
 
@@ -174,6 +222,11 @@ def schedule_spec(s: schedules_pb2.Schedule, max_payload: int) -> ScheduleSpec:
     validation.priority(t.priority, tpl + "priority")
     validation.int_in_range(t.max_attempts, 0, validation.MAX_ATTEMPTS_LIMIT, tpl + "max_attempts")
     validation.int_in_range(t.timeout_ms, 0, validation.MAX_TIMEOUT_MS, tpl + "timeout_ms")
+    if t.queue not in ("", DEFAULT_QUEUE):
+        validation.queue(t.queue, tpl + "queue")
+        raise InvalidArgument(
+            f"schedules make jobs in the {DEFAULT_QUEUE!r} queue only", field=tpl + "queue"
+        )
     return ScheduleSpec(
         schedule_id=s.schedule_id,
         cron=s.cron,

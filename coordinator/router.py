@@ -5,7 +5,8 @@ Outside a move, a tenant has one side: the shard its slot (or pin) maps to. Whil
 copy-then-delete, and the target, where new work goes. :class:`TenantRouter` is the one place
 that knows this: it sends submits to the target (routed again when a shard says the map moved on),
 checks dedupe on the source too, reads a job on whichever side has it, pages listings over both
-sides, retries a cancel while the job is being copied, and sums a tenant's load over both.
+sides, retries a cancel while the job is being copied, sums a tenant's load over both, and gives
+both sides the tenant's limits and pauses (a queue paused for every tenant goes to every shard).
 
 The gRPC services (:mod:`coordinator.api`) authenticate, parse and convert; they call the router
 for everything that depends on where a tenant is, and the router knows nothing of protobuf.
@@ -28,17 +29,28 @@ from shardq.common.errors import (
 )
 from shardq.common.redis import redis_for
 from shardq.coordinator.coalesce import Coalescer
+from shardq.coordinator.limits import overlay
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.shardmap import ShardMapFollower
 from shardq.shard.client import ShardClient
 from shardq.shard.codes import ItemCode
-from shardq.shard.models import NewJob, Schedule, ScheduleSpec, ShardSettings, TenantLoad
+from shardq.shard.models import (
+    NewJob,
+    Schedule,
+    ScheduleSpec,
+    ShardSettings,
+    TenantLimits,
+    TenantLoad,
+)
 from shardq.shard.records import EnqueueResult, JobRecord, JobState, PreparedJob
 
 #: Times a submit is routed again after a shard refused the map it was routed with.
 MAX_REROUTES = 5
 #: Pause before asking again to cancel a job that its tenant's move is copying, in seconds.
 CANCEL_RETRY_S = 0.05
+
+#: Tenants whose limits and pauses a listing reads at once (each read takes a connection).
+STATUS_CONCURRENCY = 32
 
 T = TypeVar("T")
 
@@ -106,6 +118,30 @@ class Submitted:
     shard_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class TenantStatus:
+    """What a tenant's shard enforces now: the limits its hash holds (0: unset, the caller's
+    default applies) and its pauses."""
+
+    limits: TenantLimits = dataclasses.field(default_factory=TenantLimits)
+    #: The whole tenant is paused.
+    paused: bool = False
+    #: Queues paused for this tenant alone or for every tenant, sorted.
+    paused_queues: tuple[str, ...] = ()
+
+    def merge(self, other: TenantStatus) -> TenantStatus:
+        """Both sides of a move as one: ``other`` (the target) wins each limit it sets; a
+        pause on either side counts."""
+        queues = tuple(sorted({*self.paused_queues, *other.paused_queues}))
+        return TenantStatus(overlay(self.limits, other.limits), self.paused or other.paused, queues)
+
+
+async def status_on(client: ShardClient, tenant: str) -> TenantStatus:
+    """A tenant's limits and pauses as one shard holds them."""
+    limits, paused = await asyncio.gather(client.limits(tenant), client.paused(tenant))
+    return TenantStatus(limits, paused.tenant, tuple(sorted(paused.queues)))
+
+
 def page_offset(token: str) -> int:
     """The position a numeric page token stands for (0 for none)."""
     if not token:
@@ -139,6 +175,12 @@ class TenantRouter:
         """Every shard that may hold ``tenant``'s jobs: while it moves, the source first and
         the target (where ``route`` sends new work) last; otherwise just the one."""
         return [self._side(sid) for sid in reversed(self.shard_map.shards_for(tenant))]
+
+    async def current_sides(self, tenant: str) -> list[Side]:
+        """``sides`` after reading the map's version from the database (a move that started a
+        moment ago is seen even before its notification arrives)."""
+        await self.follower.refresh()
+        return self.sides(tenant)
 
     async def catch_up(self, version: int, timeout_s: float = 3.0) -> None:
         """Wait until this replica follows map ``version`` (a shard refused an older one)."""
@@ -385,6 +427,36 @@ class TenantRouter:
         if not deleted:
             raise NotFound(f"no schedule {schedule_id}", field="schedule_id")
 
+    # --- limits and pauses -----------------------------------------------------------------
+
+    async def set_limits(self, tenant: str, limits: TenantLimits) -> list[int]:
+        """Give ``limits`` to every shard that holds the tenant: both sides while it moves,
+        and any side a move started meanwhile adds (the map is read again after each round
+        until no new side appears). Returns the shards written."""
+        written: set[int] = set()
+        for _ in range(MAX_REROUTES):
+            todo = [s for s in await self.current_sides(tenant) if s.shard_id not in written]
+            if not todo:
+                return sorted(written)
+            for side in todo:
+                await side.client.set_limits(tenant, limits)
+                written.add(side.shard_id)
+        raise Unavailable("the shard map kept changing while the limits were pushed; retry")
+
+    async def pause(self, tenant: str | None, queue: str | None, *, resume: bool = False) -> None:
+        """Pause (or resume) a tenant, a tenant's queue, or a queue on every shard of the map.
+        A tenant's pause goes to both sides while it moves."""
+        if tenant is None:
+            await self.follower.refresh()
+            clients = [self.pool.get(sid)[0] for sid in sorted(self.shard_map.shards)]
+        else:
+            clients = [side.client for side in await self.current_sides(tenant)]
+        for client in clients:
+            if resume:
+                await client.resume(tenant=tenant, queue=queue)
+            else:
+                await client.pause(tenant=tenant, queue=queue)
+
     # --- load -----------------------------------------------------------------------------
 
     async def tenant_load(self, tenant: str) -> tuple[int, TenantLoad]:
@@ -404,11 +476,20 @@ class TenantRouter:
             )
         return shard_id, load
 
+    async def tenant_status(self, tenant: str) -> TenantStatus:
+        """The tenant's limits and pauses as its shard holds them: during a move, both sides
+        merged (the target's limits first, either side's pauses)."""
+        parts = [await status_on(side.client, tenant) for side in self.sides(tenant)]
+        status = parts[0]
+        for more in parts[1:]:
+            status = status.merge(more)
+        return status
+
     async def tenant_loads(
         self, shard_id: int | None, page_size: int, page_token: str
-    ) -> tuple[list[tuple[int, TenantLoad]], str]:
-        """A page of (shard, load) of every tenant on ``shard_id``, or on every shard, by
-        shard then tenant; each side of a move counts apart. Returns (page, next token)."""
+    ) -> tuple[list[tuple[int, TenantLoad, TenantStatus]], str]:
+        """A page of (shard, load, status) of every tenant on ``shard_id``, or on every shard,
+        by shard then tenant; each side of a move counts apart. Returns (page, next token)."""
         shards = self.pool.all()
         if shard_id is not None:
             if shard_id not in shards:
@@ -416,7 +497,15 @@ class TenantRouter:
             shards = {shard_id: shards[shard_id]}
         offset = page_offset(page_token)
         pairs = [(sid, t) for sid in sorted(shards) for t in await shards[sid].tenants()]
+        chosen = pairs[offset : offset + page_size]
+        loads = [await shards[sid].tenant_load(t) for sid, t in chosen]
+        statuses: list[TenantStatus] = []
+        for i in range(0, len(chosen), STATUS_CONCURRENCY):
+            statuses += await asyncio.gather(
+                *(status_on(shards[sid], t) for sid, t in chosen[i : i + STATUS_CONCURRENCY])
+            )
         page = [
-            (sid, await shards[sid].tenant_load(t)) for sid, t in pairs[offset : offset + page_size]
+            (sid, load, status)
+            for (sid, _), load, status in zip(chosen, loads, statuses, strict=True)
         ]
         return page, str(offset + page_size) if offset + page_size < len(pairs) else ""

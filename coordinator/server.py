@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from shardq.common import config
 from shardq.common.ops_http import OpsServer
 from shardq.coordinator import api
-from shardq.coordinator.app import Coordinator, CoordinatorSettings, parse_tenant_limits
-from shardq.shard.models import Limits, ShardSettings
+from shardq.coordinator.app import Coordinator, CoordinatorSettings
+from shardq.coordinator.limits import parse_tenant_limits
+from shardq.shard.models import ShardSettings, TenantLimits
 from shardq.store import db
 from shardq.v1 import (
     admin_pb2,
@@ -89,8 +91,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--tls-client-ca-file", "", "PEM CA: require client certificates from it")
     config.add(p, "--worker-token", "", "a worker token accepted besides the database's")
     config.add(p, "--max-pending", 1_000_000, "default per-tenant pending-job quota", int)
+    config.add(
+        p, "--max-pending-bytes", 0, "default per-tenant pending payload bytes (0: none)", int
+    )
     config.add(p, "--rate-per-s", 0.0, "default per-tenant submit rate (0: none)", float)
-    config.add(p, "--tenant-limits", "", "JSON per-tenant overrides of the two above")
+    config.add(p, "--submit-burst", 0, "default per-tenant submit burst (0: max(1, rate))", int)
+    config.add(
+        p, "--tenant-limits", "", 'JSON defaults over the four above: {"*": {...}, "acme": {...}}'
+    )
+    _add_switch(
+        p,
+        "--reject-unknown-handlers",
+        "refuse a submit whose handler no live worker of its queue has (FAILED_PRECONDITION)",
+    )
     config.add(p, "--max-payload-bytes", 1_048_576, "largest payload accepted", int)
     config.add(p, "--metrics-port", 9090, "HTTP port for /metrics and /healthz (-1: off)", int)
     config.add(p, "--shutdown-grace-s", 10.0, "time in-flight calls get on SIGTERM", float)
@@ -98,9 +111,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _add_switch(p: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """An on/off flag whose variable says ``true``/``1``/``yes``/``on`` (or the opposite)."""
+    var = config.env_name(flag)
+    raw = os.environ.get(var, "").strip().lower()
+    if raw not in SWITCH_VALUES:
+        raise SystemExit(f"shardq-coordinator: {var}={raw!r} is not true or false")
+    p.add_argument(
+        flag, action="store_true", default=SWITCH_VALUES[raw], help=f"{help} [{var}; default off]"
+    )
+
+
+#: What a switch's variable may say; empty counts as unset (off).
+SWITCH_VALUES = {
+    "": False, "0": False, "false": False, "no": False, "off": False,
+    "1": True, "true": True, "yes": True, "on": True,
+}  # fmt: skip
+
+
 def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
     if not args.database_url:
         raise SystemExit("shardq-coordinator: --database-url (SHARDQ_DATABASE_URL) is required")
+    flags = TenantLimits(
+        max_pending=args.max_pending,
+        max_pending_bytes=args.max_pending_bytes,
+        submit_rate_per_s=args.rate_per_s,
+        submit_burst=args.submit_burst,
+    )
+    try:
+        default_limits, tenant_limits = parse_tenant_limits(args.tenant_limits, flags)
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise SystemExit(f"shardq-coordinator: {exc}") from None
     return CoordinatorSettings(
         listen=args.listen,
         database_url=db.sqlalchemy_url(args.database_url),
@@ -109,8 +150,9 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         tls_key_file=args.tls_key_file,
         tls_client_ca_file=args.tls_client_ca_file,
         worker_token=args.worker_token,
-        default_limits=Limits(max_pending=args.max_pending, rate_per_s=args.rate_per_s),
-        tenant_limits=parse_tenant_limits(args.tenant_limits),
+        default_limits=default_limits,
+        tenant_limits=tenant_limits,
+        reject_unknown_handlers=args.reject_unknown_handlers,
         shard=ShardSettings(key_prefix=args.key_prefix, max_payload_bytes=args.max_payload_bytes),
     )
 

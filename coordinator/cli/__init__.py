@@ -9,7 +9,9 @@ One module per noun, grouped by audience (as Asynq's ``tools/asynq/cmd/``):
 - ``api/``: commands over gRPC through ``shardq.client``, with ``--coordinator``
   (``SHARDQ_COORDINATOR``), ``--token`` (``SHARDQ_TOKEN``), ``--tenant``, ``--tls`` and
   ``--ca-file``: ``jobs`` (submit, get, cancel, watch, jobs list), ``dead``, ``schedules``,
-  ``stats``, ``shards`` (``shards map``); their errors print one line,
+  ``stats``, ``tenants`` (``tenants limits``, ``tenants set``: beside the operator's
+  ``tenants`` commands), ``pause`` (pause, resume), ``shards`` (``shards map``); their errors
+  print one line,
   ``error: CODE: message``, and exit 1;
 - ``tools.py``: ``dev`` and ``demo`` (``shardq.coordinator.tools``);
 - ``command.py``: how a command is declared, parsed and run; ``terminal.py``: what they print

@@ -69,8 +69,10 @@ def job_spec(
     delay_ms: int | None = None,
     max_attempts: int = 0,
     timeout_ms: int = 0,
+    queue: str = "",
 ) -> common_pb2.JobSpec:
-    """A JobSpec with a request_id (generated when not given) fixed before the first try."""
+    """A JobSpec with a request_id (generated when not given) fixed before the first try.
+    ``queue`` empty means the ``default`` queue."""
     spec = common_pb2.JobSpec(
         request_id=request_id or uuid.uuid4().hex,
         handler=handler,
@@ -78,6 +80,7 @@ def job_spec(
         priority=priority,
         max_attempts=max_attempts,
         timeout_ms=timeout_ms,
+        queue=queue,
     )
     if run_at_ms is not None:
         spec.run_at_unix_ms = run_at_ms
@@ -153,6 +156,7 @@ class AsyncClient:
         raise AssertionError("unreachable")
 
     async def submit(self, handler: str, payload: Any = None, **options: Any) -> Submitted:
+        """Submit one job; ``options`` are :func:`job_spec`'s (``queue=``, ``delay_ms=``...)."""
         spec = job_spec(handler, payload, **options)
         req = jobs_pb2.SubmitJobRequest(tenant_id=self.tenant_id, job=spec)
         resp = await self._call(self.jobs.SubmitJob, req)
@@ -255,6 +259,31 @@ class AsyncClient:
         if shard_id is not None:
             req.shard_id = shard_id
         return await self._call(self.admin.ListTenantStats, req)  # type: ignore[no-any-return]
+
+    # -- admin: tenant limits, pause and resume (the admin token) ------------------------------
+
+    async def set_tenant_limits(
+        self, limits: common_pb2.TenantLimits, tenant_id: str = ""
+    ) -> common_pb2.TenantLimits:
+        """Replace a tenant's limits (every field; 0 takes the server default); returns them
+        as now enforced. ``tenant_id`` defaults to the client's."""
+        req = admin_pb2.SetTenantLimitsRequest(tenant_id=tenant_id or self.tenant_id, limits=limits)
+        return await self._call(self.admin.SetTenantLimits, req)  # type: ignore[no-any-return]
+
+    async def tenant_limits(self, tenant_id: str = "") -> common_pb2.TenantLimits:
+        """A tenant's limits as stored, server defaults applied."""
+        req = admin_pb2.GetTenantLimitsRequest(tenant_id=tenant_id or self.tenant_id)
+        return await self._call(self.admin.GetTenantLimits, req)  # type: ignore[no-any-return]
+
+    async def pause(self, tenant_id: str = "", queue: str = "") -> None:
+        """Stop claims of a tenant, of a queue for every tenant, or of one tenant's queue."""
+        req = admin_pb2.PauseRequest(tenant_id=tenant_id, queue=queue)
+        await self._call(self.admin.Pause, req)
+
+    async def resume(self, tenant_id: str = "", queue: str = "") -> None:
+        """Undo a :meth:`pause` of the same target; waiting workers wake at once."""
+        req = admin_pb2.ResumeRequest(tenant_id=tenant_id, queue=queue)
+        await self._call(self.admin.Resume, req)
 
 
 class Client:

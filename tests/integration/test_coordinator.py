@@ -20,7 +20,7 @@ from shardq.common.errors import Unauthenticated
 from shardq.common.placement import slot_of
 from shardq.coordinator.server import build_server, parse_args, settings_from
 from shardq.coordinator.tokens import Principal
-from shardq.shard.models import Failure, Limits
+from shardq.shard.models import Failure, TenantLimits
 from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, workers_pb2, workers_pb2_grpc
 from tests.support.cluster import Cluster, running_cluster
 
@@ -182,7 +182,7 @@ async def test_a_down_shard_answers_unavailable_and_others_keep_working(cluster:
 async def test_over_quota_or_rate_is_resource_exhausted_with_a_retry_delay(
     database_url: str,
 ) -> None:
-    limits = {"quota": Limits(max_pending=3), "rated": Limits(rate_per_s=5)}
+    limits = {"quota": TenantLimits(max_pending=3), "rated": TenantLimits(submit_rate_per_s=5)}
     async with running_cluster(database_url, tenant_limits=limits) as cluster:
         q = await cluster.client("quota")
         for i in range(3):

@@ -3,9 +3,9 @@ a tenant (its token) or for one (the admin token and ``--tenant``). One module p
 
 from __future__ import annotations
 
-from shardq.coordinator.cli.api import dead, jobs, schedules, shards, stats
+from shardq.coordinator.cli.api import dead, jobs, pause, schedules, shards, stats, tenants
 from shardq.coordinator.cli.command import Command
 
 #: In the order ``shardq --help`` lists them.
-MODULES = (jobs, dead, schedules, stats, shards)
+MODULES = (jobs, dead, schedules, stats, tenants, pause, shards)
 COMMANDS: list[Command] = [c for m in MODULES for c in m.commands.items]

@@ -33,6 +33,7 @@ STATE_NAMES = {
         arg("--run-at-ms", type=int, help="run at this unix time in ms"),
         arg("--max-attempts", type=int, default=0, help="attempts before dead (server default)"),
         arg("--request-id", help="idempotency key (default: a new one)"),
+        arg("--queue", default="", help="queue the job waits in (default: default)"),
     ),
 )
 def submit(args: argparse.Namespace) -> int:
@@ -48,6 +49,7 @@ def submit(args: argparse.Namespace) -> int:
             delay_ms=args.delay_ms,
             run_at_ms=args.run_at_ms,
             max_attempts=args.max_attempts,
+            queue=args.queue,
         )
     if args.json:
         print_json({"job": job_dict(sub.job), "deduplicated": sub.deduplicated})

@@ -48,6 +48,7 @@ def print_job(job: common_pb2.Job) -> None:
         ("tenant", job.tenant_id),
         ("state", state_name(job.state) + (" (cancel requested)" if job.cancel_requested else "")),
         ("handler", job.handler),
+        ("queue", job.queue or "default"),
         ("priority", job.priority),
         ("attempts", f"{job.attempts} of {job.max_attempts}"),
         ("run_at", when(job.run_at_unix_ms)),
@@ -69,12 +70,13 @@ def print_job(job: common_pb2.Job) -> None:
 
 
 def print_jobs(jobs: Sequence[common_pb2.Job], next_page_token: str, dead: bool = False) -> None:
-    headers = ["JOB_ID", "STATE", "HANDLER", "PRIO", "ATTEMPTS", "RUN_AT", "CREATED"]
+    headers = ["JOB_ID", "STATE", "HANDLER", "QUEUE", "PRIO", "ATTEMPTS", "RUN_AT", "CREATED"]
     rows: list[list[object]] = [
         [
             j.job_id,
             state_name(j.state),
             j.handler,
+            j.queue or "default",
             j.priority,
             f"{j.attempts}/{j.max_attempts}",
             when(j.run_at_unix_ms),

@@ -15,13 +15,21 @@ commands = Commands("api")
 
 _STATS_HEADERS = [
     "TENANT", "SHARD", "SCHEDULED", "READY", "ACTIVE", "DEAD", "SUBMITTED", "COMPLETED", "FAILED",
+    "UNRUNNABLE", "PAUSED",
 ]  # fmt: skip
+
+
+def _paused(t: common_pb2.TenantStats) -> str:
+    """``yes`` (the whole tenant), its paused queues, or ``-``."""
+    if t.paused:
+        return "yes"
+    return ",".join(t.paused_queues) or "-"
 
 
 def _stats_row(t: common_pb2.TenantStats) -> list[object]:
     return [
         t.tenant_id, t.shard_id, t.scheduled, t.ready, t.active, t.dead,
-        t.submitted_total, t.completed_total, t.failed_total,
+        t.submitted_total, t.completed_total, t.failed_total, t.unrunnable_total, _paused(t),
     ]  # fmt: skip
 
 

@@ -9,7 +9,11 @@ from shardq.coordinator.cli.command import Commands, arg
 from shardq.coordinator.cli.ops.placement import PLACEMENT_ARGS, pin, unpin
 
 commands = Commands(
-    "database", groups={"tenants": "where tenants live: pin, unpin, move (their jobs move live)"}
+    "database",
+    groups={
+        "tenants": "where tenants live: pin, unpin, move (their jobs move live), on the "
+        "database; their limits: limits, set, through the API"
+    },
 )
 
 
