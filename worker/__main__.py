@@ -8,17 +8,19 @@ import logging
 import signal
 
 from shardq.common import config
+from shardq.common.errors import InvalidArgument
 from shardq.common.ops_http import OpsServer
 from shardq.shard.models import ShardSettings
 from shardq.worker import handlers as handler_registry
 from shardq.worker.metrics import WorkerMetrics
 from shardq.worker.runtime import Worker, serve
-from shardq.worker.settings import WorkerSettings, default_worker_id
+from shardq.worker.settings import DEFAULT_QUEUE, WorkerSettings, default_worker_id, parse_queues
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="shardq-worker", description=__doc__)
     config.add(p, "--handlers", "", "module(s) with @handler functions, comma-separated")
+    config.add(p, "--queues", DEFAULT_QUEUE, "queues to claim jobs from, comma-separated")
     config.add(p, "--coordinator", "", "coordinator host:port for shard assignment")
     config.add(p, "--worker-token", "", "token for the coordinator's WorkerService")
     config.add(p, "--tls-ca-file", "", "PEM CA to trust the coordinator's TLS certificate")
@@ -30,6 +32,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--lease-ms", 30_000, "lease per claim; heartbeats every third", int)
     config.add(p, "--drain-grace-s", 30.0, "time in-flight jobs get on SIGTERM", float)
     config.add(p, "--process-pool-size", 0, "processes for cpu_bound handlers", int)
+    config.add(
+        p,
+        "--unknown-handler-backoff-ms",
+        5_000,
+        "a job whose handler this worker lacks goes back to ready; ms it stays away from it",
+        int,
+    )
     config.add(p, "--worker-id", default_worker_id(), "this worker's name")
     config.add(p, "--metrics-port", 9092, "HTTP port for /metrics and /healthz (-1: off)", int)
     config.add_log_level(p)
@@ -46,37 +55,52 @@ def parse_shards(raw: str) -> dict[int, str]:
     return out
 
 
+def health(worker: Worker) -> dict[str, object]:
+    """/healthz: who this is, what it serves, and the queues it claims on each shard."""
+    return {
+        "worker_id": worker.settings.worker_id,
+        "queues": list(worker.settings.queues),
+        "shards": sorted(worker.shards),
+        "shard_queues": {str(sid): list(h.queues) for sid, h in sorted(worker.shards.items())},
+    }
+
+
 async def run(args: argparse.Namespace) -> None:
     if not args.database_url:
         raise SystemExit("shardq-worker: --database-url (SHARDQ_DATABASE_URL) is required")
     specs = handler_registry.load(args.handlers)
     if not specs:
         raise SystemExit("shardq-worker: no handlers (give --handlers MODULE)")
-    settings = WorkerSettings(
-        database_url=args.database_url,
-        concurrency=args.concurrency,
-        lease_ms=args.lease_ms,
-        drain_grace_s=args.drain_grace_s,
-        redis_password=args.redis_password,
-        process_pool_size=args.process_pool_size,
-        worker_id=args.worker_id,
-        shard=ShardSettings(key_prefix=args.key_prefix),
-    )
+    try:
+        settings = WorkerSettings(
+            database_url=args.database_url,
+            concurrency=args.concurrency,
+            lease_ms=args.lease_ms,
+            drain_grace_s=args.drain_grace_s,
+            redis_password=args.redis_password,
+            process_pool_size=args.process_pool_size,
+            worker_id=args.worker_id,
+            shard=ShardSettings(key_prefix=args.key_prefix),
+            queues=parse_queues(args.queues),
+            unknown_handler_backoff_ms=args.unknown_handler_backoff_ms,
+        )
+    except InvalidArgument as exc:
+        raise SystemExit(f"shardq-worker: {exc}") from exc
     metrics = WorkerMetrics()
     worker = Worker(settings, specs, metrics)
     ops = None
     if args.metrics_port >= 0:
-        ops = OpsServer(
-            metrics.registry,
-            lambda: (True, {"worker_id": settings.worker_id, "shards": sorted(worker.shards)}),
-        )
+        ops = OpsServer(metrics.registry, lambda: (True, health(worker)))
         await ops.start(args.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logging.getLogger("shardq.worker").info(
-        "worker %s: handlers %s", settings.worker_id, ", ".join(sorted(specs))
+        "worker %s: queues %s, handlers %s",
+        settings.worker_id,
+        ", ".join(settings.queues),
+        ", ".join(sorted(specs)),
     )
     try:
         await serve(

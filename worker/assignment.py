@@ -11,7 +11,8 @@ import asyncio
 import logging
 import random
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -20,7 +21,17 @@ from shardq.v1 import workers_pb2, workers_pb2_grpc
 
 log = logging.getLogger("shardq.worker")
 
-OnChange = Callable[[dict[int, str]], None]
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One assigned shard: where it is, and which of this worker's queues to claim there."""
+
+    address: str
+    #: Queues to claim from on this shard; empty means every queue this worker serves.
+    queues: tuple[str, ...] = ()
+
+
+OnChange = Callable[[dict[int, Endpoint]], None]
 
 
 def _channel(target: str, ca_file: str) -> grpc.aio.Channel:
@@ -37,9 +48,16 @@ async def follow(
     concurrency: int,
     on_change: OnChange,
     ca_file: str = "",
+    queues: Sequence[str] = (),
+    handlers: Collection[str] = (),
 ) -> None:
+    """Follow the assignment of this worker, which serves ``queues`` with ``handlers``."""
     request = workers_pb2.WatchAssignmentRequest(
-        worker_id=worker_id, hostname=socket.gethostname(), concurrency=concurrency
+        worker_id=worker_id,
+        hostname=socket.gethostname(),
+        concurrency=concurrency,
+        queues=list(queues),
+        handlers=sorted(handlers),
     )
     metadata = (("authorization", f"Bearer {token}"),)
     delay = 0.1
@@ -49,8 +67,18 @@ async def follow(
             try:
                 async for assignment in stub.WatchAssignment(request, metadata=metadata):
                     delay = 0.1
-                    shards = {s.shard_id: s.address for s in assignment.shards}
-                    log.info("assignment v%d: shards %s", assignment.map_version, sorted(shards))
+                    shards = {
+                        s.shard_id: Endpoint(s.address, tuple(s.queues)) for s in assignment.shards
+                    }
+                    log.info(
+                        "assignment v%d: %s",
+                        assignment.map_version,
+                        ", ".join(
+                            f"shard {sid} ({','.join(e.queues) or 'all queues'})"
+                            for sid, e in sorted(shards.items())
+                        )
+                        or "no shards",
+                    )
                     on_change(shards)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in (

@@ -1,5 +1,6 @@
 """Example handlers shipped with shardq (``--handlers shardq.worker.examples``), which
-``shardq dev`` runs.
+``shardq dev`` runs. Their jobs name no queue, so they wait in ``default``, the queue a worker
+serves unless given ``--queues``.
 
 - ``echo``: returns its payload.
 - ``sleep``: ``{"ms": N}`` sleeps N ms, then returns ``{"slept_ms": N}``.

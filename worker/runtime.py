@@ -1,9 +1,11 @@
 """The worker: claims jobs from its shards, runs handlers, records results, acks in batches.
 
-Flow per job: claim (a batch, up to free slots) → skip if its result row exists → run the
-handler → queue the outcome → the recorder writes many rows in one transaction → one ack (or
-fail) call per shard for the batch. A job is acked only after its row is committed; if
-Postgres is down the recorder retries while the heartbeat thread keeps the leases alive.
+Flow per job: claim (a batch, up to free slots, from the queues this worker claims on that
+shard, their order rotated on every call) → skip if its result row exists → run the handler
+(or hand the job back when this worker has no handler of its name) → queue the outcome → the
+recorder writes many rows in one transaction → one ack (or fail, or release) call per shard
+for the batch. A job is acked only after its row is committed; if Postgres is down the
+recorder retries while the heartbeat thread keeps the leases alive.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from shardq.store.results import (
     write_in_session,
     write_in_sync_session,
 )
-from shardq.worker.assignment import follow
+from shardq.worker.assignment import Endpoint, follow
 from shardq.worker.context import Context, make_context
 from shardq.worker.handlers import HandlerSpec, PermanentFailure, RetryLater
 from shardq.worker.heartbeat import Heartbeater
 from shardq.worker.metrics import WorkerMetrics
 from shardq.worker.settings import WorkerSettings
+from shardq.worker.unrunnable import UnknownHandlers
 
 log = logging.getLogger("shardq.worker")
 DB_ERRORS = (
@@ -92,6 +95,7 @@ class Running:
 class Outcome:
     run: Running
     #: success | failure | duplicate (row existed) | release (shutdown) | lost | cancelled
+    #: | unrunnable (no handler of the job's name here: back to ready, away from this worker)
     kind: str
     finished_ms: int = field(default_factory=now_ms)
     result: Any = None
@@ -112,8 +116,21 @@ class ShardHandle:
     shard_id: int
     address: str
     client: ShardClient
+    #: Queues claimed from on this shard (the assignment may give this worker some of its
+    #: queues on one shard and others elsewhere).
+    queues: tuple[str, ...]
     task: asyncio.Task[None] | None = None
     active: bool = True
+    #: Claim calls made: where the rotation of ``queues`` stands.
+    turn: int = 0
+
+    def claim_order(self) -> tuple[str, ...]:
+        """The queues in this call's order: each call starts one queue further on, so a
+        queue that always has jobs cannot keep the ones after it waiting."""
+        qs = self.queues
+        start = self.turn % len(qs)
+        self.turn += 1
+        return qs[start:] + qs[:start]
 
 
 class Worker:
@@ -126,6 +143,8 @@ class Worker:
         self.settings = settings
         self.handlers = dict(handlers)
         self.metrics = metrics or WorkerMetrics()
+        self.metrics.serve(self.handlers, settings.queues)
+        self.unknown = UnknownHandlers(self.metrics, settings.unknown_handler_log_interval_s)
         self.engine = db.make_engine(settings.database_url)
         self.results = ResultStore(db.psycopg_dsn(db.sqlalchemy_url(settings.database_url)))
         self._async_sessions = async_sessionmaker(self.engine, expire_on_commit=False)
@@ -167,22 +186,44 @@ class Worker:
         self.heartbeater.start()
         self._recorder = _spawn(self._record_forever(), "shardq-recorder")
 
-    def set_shards(self, endpoints: Mapping[int, str]) -> None:
-        """Serve exactly these shards (id -> host:port); in-flight jobs elsewhere finish."""
+    def set_shards(self, endpoints: Mapping[int, str | Endpoint]) -> None:
+        """Serve exactly these shards (id -> host:port, or an Endpoint naming the queues to
+        claim there: by default every queue this worker serves); in-flight jobs elsewhere
+        finish."""
+        wanted = {sid: self._endpoint(e) for sid, e in endpoints.items()}
         for sid, handle in list(self.shards.items()):
-            if endpoints.get(sid) != handle.address:
+            want = wanted.get(sid)
+            if want is None or want.address != handle.address or not want.queues:
                 handle.active = False
                 if handle.task:
                     handle.task.cancel()
                 del self.shards[sid]
                 log.info("stopped claiming from shard %s", sid)
-        for sid, address in endpoints.items():
-            if sid not in self.shards and not self._stopping.is_set():
-                handle = ShardHandle(sid, address, self._client(address))
+            elif want.queues != handle.queues:
+                # The claim loop picks them up on its next call (an idle one blocked on the
+                # old queues' wake lists: within idle_block_s).
+                handle.queues = want.queues
+                log.info("claiming from shard %s: queues %s", sid, ", ".join(want.queues))
+        for sid, e in wanted.items():
+            if sid not in self.shards and e.queues and not self._stopping.is_set():
+                handle = ShardHandle(sid, e.address, self._client(e.address), e.queues)
                 handle.task = _spawn(self._claim_forever(handle), f"shardq-claim-{sid}")
                 self.shards[sid] = handle
-                log.info("claiming from shard %s at %s", sid, address)
+                log.info(
+                    "claiming from shard %s at %s: queues %s", sid, e.address, ", ".join(e.queues)
+                )
         self.metrics.shards.set(len(self.shards))
+
+    def _endpoint(self, e: str | Endpoint) -> Endpoint:
+        """``e`` with the queues to claim there: those of this worker's that it names, all of
+        them when it names none (static shards, a coordinator older than queues). An empty
+        result means nothing to claim on that shard."""
+        if isinstance(e, str):
+            e = Endpoint(e)
+        mine = self.settings.queues
+        if not e.queues:
+            return Endpoint(e.address, mine)
+        return Endpoint(e.address, tuple(q for q in mine if q in e.queues))
 
     def stop(self) -> None:
         """Stop claiming; :meth:`drain` then finishes or hands back what is in flight."""
@@ -233,7 +274,9 @@ class Worker:
                 continue
             self._reserved += want
             try:
-                jobs = await shard.client.claim(s.worker_id, want, s.lease_ms)
+                jobs = await shard.client.claim(
+                    s.worker_id, want, s.lease_ms, queues=shard.claim_order()
+                )
             except RedisError as exc:
                 log.warning("shard %s unavailable: %s", shard.shard_id, exc)
                 await asyncio.sleep(0.5)
@@ -252,7 +295,7 @@ class Worker:
                 start.add_done_callback(self._starting.discard)
                 continue
             try:
-                await shard.client.wait_for_work(s.idle_block_s)
+                await shard.client.wait_for_work(s.idle_block_s, shard.queues)
             except RedisError:
                 await asyncio.sleep(0.5)
 
@@ -286,8 +329,9 @@ class Worker:
         job = run.job
         spec = self.handlers.get(job.handler)
         if spec is None:
-            error = f"no handler named {job.handler!r}"
-            self._outcomes.put_nowait(Outcome(run, "failure", error=error, permanent=True))
+            # Not this worker's to fail: back to ready, for a worker that has the handler.
+            self.unknown.note(job)
+            self._outcomes.put_nowait(Outcome(run, "unrunnable"))
             return
         timeout_s = spec.timeout_s or job.timeout_ms / 1000
         factory: Any = None
@@ -422,6 +466,7 @@ class Worker:
         done = [*kinds.get("success", []), *kinds.get("duplicate", []), *kinds.get("cancelled", [])]
         failures = kinds.get("failure", [])
         released = kinds.get("release", [])
+        unrunnable = kinds.get("unrunnable", [])
         try:
             if done:
                 await client.ack([o.run.lease for o in done])
@@ -441,6 +486,11 @@ class Worker:
                 )
             if released:
                 await client.release([o.run.lease for o in released])
+            if unrunnable:
+                await client.release(
+                    [o.run.lease for o in unrunnable],
+                    avoid_ms=self.settings.unknown_handler_backoff_ms,
+                )
         except RedisError as exc:
             # Rows are committed; the leases expire and re-delivery acks them (already_done).
             log.warning("settling on shard %s failed: %s", shard_id, exc)
@@ -522,7 +572,16 @@ async def serve(
     else:
         s = worker.settings
         follower = asyncio.create_task(
-            follow(coordinator, token, s.worker_id, s.concurrency, worker.set_shards, ca_file)
+            follow(
+                coordinator,
+                token,
+                s.worker_id,
+                s.concurrency,
+                worker.set_shards,
+                ca_file,
+                queues=s.queues,
+                handlers=worker.handlers,
+            )
         )
         tasks.add(follower)
     try:

@@ -5,13 +5,31 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from shardq.common import validation
+from shardq.common.errors import InvalidArgument
+from shardq.shard.client import MAX_CLAIM_QUEUES
 from shardq.shard.models import ShardSettings
+from shardq.shard.records import DEFAULT_QUEUE
+
+__all__ = ["DEFAULT_QUEUE", "WorkerSettings", "default_worker_id", "parse_queues"]
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def parse_queues(raw: str | Iterable[str]) -> tuple[str, ...]:
+    """Queues from ``a,b`` (or a list), each checked, duplicates dropped, order kept."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    queues = tuple(dict.fromkeys(validation.queue(q.strip(), "queues") for q in items if q.strip()))
+    if not queues:
+        raise InvalidArgument("a worker serves at least one queue", field="queues")
+    if len(queues) > MAX_CLAIM_QUEUES:
+        raise InvalidArgument(f"{len(queues)} queues, at most {MAX_CLAIM_QUEUES}", field="queues")
+    return queues
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +58,18 @@ class WorkerSettings:
     process_pool_size: int = 0
     worker_id: str = field(default_factory=default_worker_id)
     shard: ShardSettings = field(default_factory=ShardSettings)
+    #: Queues claimed from (``SHARDQ_QUEUES``); the order rotates on every claim call, so no
+    #: queue starves another.
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+    #: A job whose handler this worker lacks goes back to ready, and this worker may not claim
+    #: it again for this long, in ms (``SHARDQ_UNKNOWN_HANDLER_BACKOFF_MS``).
+    unknown_handler_backoff_ms: int = 5_000
+    #: Each missing handler's name is logged at most once per this interval, in s.
+    unknown_handler_log_interval_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "queues", parse_queues(self.queues))
+        validation.int_in_range(
+            self.unknown_handler_backoff_ms, 0, validation.MAX_TIMEOUT_MS,
+            "unknown_handler_backoff_ms",
+        )  # fmt: skip

@@ -448,6 +448,7 @@ def test_worker_grace_period_covers_the_drain(
         assert drain == g.get("drainGraceSeconds", workers["drainGraceSeconds"])
         assert spec["terminationGracePeriodSeconds"] >= drain + workers["terminationMarginSeconds"]
         assert env["SHARDQ_HANDLERS"]["value"] == g["handlers"]
+        assert env["SHARDQ_QUEUES"]["value"] == ",".join(g.get("queues", ["default"]))
         assert env["SHARDQ_CONCURRENCY"]["value"] == str(g.get("concurrency", 16))
 
 
@@ -462,6 +463,21 @@ def test_worker_groups_are_separate_deployments(render: Render) -> None:
     assert container(rspec, "worker")["image"] == "registry.example.com/myapp-workers:2024.06.1"
     assert rspec["nodeSelector"] == {"workload": "batch"}
     assert container(rspec, "worker")["resources"]["limits"]["memory"] == "4Gi"
+
+
+def test_each_worker_group_claims_its_own_queues(render: Render) -> None:
+    r = render("two-worker-groups")
+    queues = {
+        d["metadata"]["name"]: env_of(container(d["spec"]["template"]["spec"], "worker"))[
+            "SHARDQ_QUEUES"
+        ]["value"]
+        for d in worker_deployments(r)
+    }
+    assert queues == {f"{FULLNAME}-worker-fast": "default", f"{FULLNAME}-worker-reports": "reports"}
+    several = render("autoscaling")
+    steady = several.get("Deployment", f"{FULLNAME}-worker-steady")
+    env = env_of(container(steady["spec"]["template"]["spec"], "worker"))
+    assert env["SHARDQ_QUEUES"]["value"] == "steady,steady.low"
 
 
 @pytest.mark.parametrize("name", [n for n in VALUES_FILES if n != "default"])

@@ -60,6 +60,7 @@ def test_validate_values_lists_every_relation_problem(helm: str) -> None:
         *WORKER,
         "--set", "workers.groups[1].name=default",
         "--set", "workers.groups[1].handlers=myapp.other",
+        "--set", "workers.groups[1].queues={other}",
         "--set", "tls.enabled=true",
         "--set", "tls.clientAuth=true",
         "--set", "coordinator.pdb.minAvailable=5",
@@ -94,6 +95,59 @@ def test_validate_values_without_the_schema(helm: str, sets: list[str], expected
     err = template_error(helm, "--skip-schema-validation", *sets)
     assert "VALUES VALIDATION" in err
     assert expected in err
+
+
+def test_two_groups_with_different_handlers_cannot_share_a_queue(helm: str) -> None:
+    err = template_error(
+        helm,
+        *WORKER,
+        "--set", "workers.groups[1].name=reports",
+        "--set", "workers.groups[1].handlers=myapp.reports",
+        "--set", "workers.groups[1].queues={reports,default}",
+        "--set", "workers.groups[2].name=email",
+        "--set", "workers.groups[2].handlers=myapp.email",
+        "--set", "workers.groups[2].queues={reports}",
+    )  # fmt: skip
+    assert "VALUES VALIDATION (2 problem(s))" in err, err
+    for expected in (
+        'workers.groups[1] (reports).queues: queue "default" is also served by '
+        "workers.groups[0] (default) with other handlers (myapp.jobs vs myapp.reports)",
+        'workers.groups[2] (email).queues: queue "reports" is also served by '
+        "workers.groups[1] (reports) with other handlers (myapp.reports vs myapp.email)",
+        "Give each group its own queues, or set workers.allowSharedQueues=true",
+    ):
+        assert expected in err, f"{expected!r} missing from:\n{err}"
+
+
+def test_groups_may_share_a_queue_when_allowed_or_when_their_handlers_agree(helm: str) -> None:
+    shared = [
+        *WORKER,
+        "--set", "workers.groups[1].name=big",
+        "--set", "workers.groups[1].handlers=myapp.other",
+    ]  # fmt: skip
+    assert run_helm(helm, *template_args([], shared)).returncode != 0
+    allowed = run_helm(
+        helm, *template_args([], [*shared, "--set", "workers.allowSharedQueues=true"])
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    same_handlers = [
+        *WORKER,
+        "--set", "workers.groups[1].name=big",
+        "--set", "workers.groups[1].handlers=myapp.jobs",
+        "--set", "workers.groups[1].concurrency=256",
+    ]  # fmt: skip
+    proc = run_helm(helm, *template_args([], same_handlers))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_queue_names_are_checked_with_and_without_the_schema(helm: str) -> None:
+    bad = [*WORKER, "--set", "workers.groups[0].queues={ok,not a queue}"]
+    err = template_error(helm, *bad)
+    assert "workers.groups.0.queues.1: Does not match pattern" in err, err
+    err = template_error(helm, "--skip-schema-validation", *bad)
+    assert 'workers.groups[0] (default).queues: "not a queue" is not a queue name' in err, err
+    empty = template_error(helm, *WORKER, "--set-json", "workers.groups[0].queues=[]")
+    assert "workers.groups.0.queues: Array must have at least 1 items" in empty, empty
 
 
 def test_a_worker_group_needs_handlers(helm: str) -> None:

@@ -184,6 +184,11 @@ affinity:
 {{- end }}
 {{- end -}}
 
+{{/* The queues of a worker group, comma-separated (SHARDQ_QUEUES). Call with the group's values. */}}
+{{- define "shardq.workerQueues" -}}
+{{- join "," (.queues | default (list "default")) -}}
+{{- end -}}
+
 {{/* ---------------------------------------------------------------- validation */}}
 
 {{/*
@@ -230,6 +235,7 @@ collects every problem and fails once, listing all of them.
 {{- end -}}
 {{- end -}}
 {{- $seen := dict -}}
+{{- $queueOwners := dict -}}
 {{- range $i, $g := $v.workers.groups -}}
 {{- $where := printf "workers.groups[%d]" $i -}}
 {{- if not $g.name -}}
@@ -247,6 +253,18 @@ collects every problem and fails once, listing all of them.
 {{- $as := $g.autoscaling | default dict -}}
 {{- if and $as.enabled (gt (int ($as.minReplicas | default 1)) (int ($as.maxReplicas | default 10))) -}}
 {{- $p = append $p (printf "%s.autoscaling: minReplicas is above maxReplicas" $where) -}}
+{{- end -}}
+{{- /* A worker hands back the jobs it has no handler for: two groups with different handler
+modules on one queue pass each other's jobs back and forth. Allowed only when asked for. */ -}}
+{{- range $q := splitList "," (include "shardq.workerQueues" $g) -}}
+{{- $first := index $queueOwners $q -}}
+{{- if not (regexMatch "^[A-Za-z0-9._-]{1,64}$" $q) -}}
+{{- $p = append $p (printf "%s.queues: %q is not a queue name ([A-Za-z0-9._-]{1,64})" $where $q) -}}
+{{- else if not $first -}}
+{{- $_ := set $queueOwners $q (dict "where" $where "handlers" (toString $g.handlers)) -}}
+{{- else if and (ne $first.handlers (toString $g.handlers)) (not $v.workers.allowSharedQueues) -}}
+{{- $p = append $p (printf "%s.queues: queue %q is also served by %s with other handlers (%s vs %s): each group's workers would hand the other's jobs back. Give each group its own queues, or set workers.allowSharedQueues=true" $where $q $first.where $first.handlers (toString $g.handlers)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $mv := $v.hooks.moves -}}

@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from shardq.common.placement import SHARD_STATES, SLOT_COUNT
@@ -126,6 +126,10 @@ workers = sa.Table(
     sa.Column("hostname", sa.Text, nullable=False, server_default=""),
     sa.Column("concurrency", sa.Integer, nullable=False, server_default="0"),
     sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
+    # The queues the worker claims from (shards are dealt per queue over the workers serving
+    # it), and the names of its handlers (whether some live worker of a queue can run a job).
+    sa.Column("queues", ARRAY(sa.Text), nullable=False, server_default=sa.text("'{default}'")),
+    sa.Column("handlers", ARRAY(sa.Text), nullable=False, server_default=sa.text("'{}'")),
 )
 
 results = sa.Table(
@@ -147,6 +151,36 @@ results = sa.Table(
     sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
     sa.CheckConstraint(_in("status", RESULT_STATUSES), name="status"),
     sa.Index(None, "job_id"),
+)
+
+
+#: Largest weight a tenant may be given (AdminService.SetTenantLimits).
+MAX_TENANT_WEIGHT = 1000
+
+# One row per tenant whose limits an admin set (AdminService.SetTenantLimits): the source of
+# truth for the ``limits:{t}`` hash the coordinator pushes to the tenant's shard. A column at 0
+# takes the coordinator's default (SHARDQ_TENANT_LIMITS and its flags).
+tenant_limits = sa.Table(
+    "shardq_tenant_limits",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    # Jobs per round-robin turn against the shard's other tenants (1-1000; 0: the default).
+    sa.Column("weight", sa.Integer, nullable=False, server_default="0"),
+    # Most jobs ACTIVE at once.
+    sa.Column("max_active", sa.BigInteger, nullable=False, server_default="0"),
+    # Submits per second (token bucket) and the bucket's size.
+    sa.Column("submit_rate_per_s", sa.Double, nullable=False, server_default="0"),
+    sa.Column("submit_burst", sa.BigInteger, nullable=False, server_default="0"),
+    # Most jobs, and payload bytes, SCHEDULED + READY + ACTIVE at once.
+    sa.Column("max_pending", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("max_pending_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
+    sa.CheckConstraint(f"weight >= 0 AND weight <= {MAX_TENANT_WEIGHT}", name="weight"),
+    sa.CheckConstraint(
+        "max_active >= 0 AND submit_rate_per_s >= 0 AND submit_burst >= 0 "
+        "AND max_pending >= 0 AND max_pending_bytes >= 0",
+        name="not_negative",
+    ),
 )
 
 
