@@ -38,7 +38,9 @@ from services import PostgresServer, RedisServer  # noqa: E402
 ROOT = HERE.parent
 VENVS = HERE / ".venvs"
 PEERS = ["celery", "rq", "arq", "dramatiq"]
-SCENARIOS = ["submit", "drain", "latency", "delayed", "scale", "fairness", "multishard"]
+SCENARIOS = [
+    "submit", "drain", "latency", "delayed", "scale", "fairness", "fairness_priority", "multishard",
+]  # fmt: skip
 
 FULL: dict[str, dict[str, Any]] = {
     "submit": {"n_single": 10_000, "n_batch": 50_000, "batch_size": 100},
@@ -47,6 +49,15 @@ FULL: dict[str, dict[str, Any]] = {
     "delayed": {"n": 5000, "due_per_s": 1000, "lead_s": 8.0, "timeout_s": 120},
     "scale": {"scheduled": 1_000_000},
     "fairness": {"n_a": 50_000, "n_b": 100, "batch_size": 1000, "b_gap_s": 0.01, "timeout_s": 900},
+    "fairness_priority": {
+        "n_a": 50_000,
+        "n_b": 100,
+        "batch_size": 1000,
+        "b_gap_s": 0.01,
+        "timeout_s": 900,
+        "a_priority": 9,
+        "b_priority": 0,
+    },
     "multishard": {"shards": [1, 2, 4], "n": 20_000},
 }
 QUICK: dict[str, dict[str, Any]] = {
@@ -56,6 +67,15 @@ QUICK: dict[str, dict[str, Any]] = {
     "delayed": {"n": 200, "due_per_s": 1000, "lead_s": 1.5, "timeout_s": 30},
     "scale": {"scheduled": 1000},
     "fairness": {"n_a": 500, "n_b": 10, "batch_size": 100, "b_gap_s": 0.005, "timeout_s": 60},
+    "fairness_priority": {
+        "n_a": 500,
+        "n_b": 10,
+        "batch_size": 100,
+        "b_gap_s": 0.005,
+        "timeout_s": 60,
+        "a_priority": 9,
+        "b_priority": 0,
+    },
     "multishard": {"shards": [1, 2], "n": 200},
 }
 
@@ -69,6 +89,7 @@ HEADLINE = [
     ("delayed", "p99_ms", "lower", "delayed lateness p99 (ms)"),
     ("delayed", "max_ms", "lower", "delayed lateness max (ms)"),
     ("fairness", "b_wait_p99_ms", "lower", "flood: tenant B wait p99 (ms)"),
+    ("fairness_priority", "b_wait_p99_ms", "lower", "flood at priority 9: B wait p99 (ms)"),
 ]
 
 

@@ -324,7 +324,7 @@ class Cluster:
     def start_workers(self, wait: bool = True) -> float:
         """Start the workers; return the time they were launched."""
         launched = time.time()
-        # Prepended, not replaced: PYTHONPATH=<a checkout> measures that checkout's shardq.
+        # Prepended, not replaced: the caller's PYTHONPATH (a handler module of its own) stays.
         pythonpath = os.pathsep.join(
             filter(None, [str(HERE), str(HERE / "peers"), os.environ.get("PYTHONPATH")])
         )
@@ -416,12 +416,16 @@ class Cluster:
             time.sleep(0.005)
 
 
-def _spec(number: int, run_at_ms: int | None = None) -> common_pb2.JobSpec:
-    return job_spec(NOOP, number, run_at_ms=run_at_ms)
+def _spec(number: int, run_at_ms: int | None = None, priority: int = 0) -> common_pb2.JobSpec:
+    return job_spec(NOOP, number, run_at_ms=run_at_ms, priority=priority)
 
 
 async def _submit_batches(
-    client: AsyncClient, numbers: Sequence[int], size: int, run_at_ms: Sequence[int] | None = None
+    client: AsyncClient,
+    numbers: Sequence[int],
+    size: int,
+    run_at_ms: Sequence[int] | None = None,
+    priority: int = 0,
 ) -> list[float]:
     """SubmitJobs in batches of ``size``; each job's submit time; raise on a refused item."""
     times: list[float] = []
@@ -429,7 +433,8 @@ async def _submit_batches(
         chunk = numbers[lo : lo + size]
         at = run_at_ms[lo : lo + size] if run_at_ms is not None else [None] * len(chunk)
         times.extend([time.time()] * len(chunk))
-        items = await client.submit_many([_spec(n, a) for n, a in zip(chunk, at, strict=True)])
+        specs = [_spec(n, a, priority) for n, a in zip(chunk, at, strict=True)]
+        items = await client.submit_many(specs)
         refused = [it for it in items if it.error.code]
         if refused:
             raise RuntimeError(f"{len(refused)} jobs refused, e.g. {refused[0]}")
@@ -640,13 +645,19 @@ def delayed(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def fairness(req: dict[str, Any]) -> dict[str, Any]:
+    """Also ``fairness_priority``: the same, with A's flood at priority ``a_priority`` (9)
+    and B's jobs at ``b_priority`` (0), the case where a priority-first claim would serve
+    all of A before any of B."""
     p = req["params"]
     n_a, n_b = p["n_a"], p["n_b"]
+    a_priority, b_priority = p.get("a_priority", 0), p.get("b_priority", 0)
     with Cluster(req, req["redis_urls"][:1], ["bench-a", "bench-b"]) as cluster:
 
         async def flood() -> list[float]:
             async with cluster.client("bench-a") as client:
-                return await _submit_batches(client, range(n_a), p["batch_size"])
+                return await _submit_batches(
+                    client, range(n_a), p["batch_size"], priority=a_priority
+                )
 
         a_times = asyncio.run(flood())
         cluster.start_workers(wait=False)
@@ -658,7 +669,7 @@ def fairness(req: dict[str, Any]) -> dict[str, Any]:
                 await asyncio.to_thread(cluster.wait_starts, 1, 120)
                 for k in range(n_b):
                     b_times.append(time.time())
-                    await client.submit(NOOP, TENANT_B_BASE + k)
+                    await client.submit(NOOP, TENANT_B_BASE + k, priority=b_priority)
                     await asyncio.sleep(p["b_gap_s"])
 
         asyncio.run(tenant_b())
@@ -669,8 +680,9 @@ def fairness(req: dict[str, Any]) -> dict[str, Any]:
         "metrics": metrics,
         "config": _config(
             req,
-            queues="two shardq tenants (bench-a, bench-b) on one shard, same priority: "
-            "served round-robin",
+            queues=f"two shardq tenants (bench-a, bench-b) on one shard, A at priority "
+            f"{a_priority}, B at {b_priority}: tenants are served round-robin whatever "
+            "their priorities",
             a_submitted_with=f"SubmitJobs, {p['batch_size']} per call, before workers start",
             b_submitted="unary SubmitJob, b_gap_s apart, from the first job start on",
             duplicates=duplicate_starts(cluster.starts),
@@ -871,6 +883,7 @@ SCENARIOS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "delayed": delayed,
     "scale": scale,
     "fairness": fairness,
+    "fairness_priority": fairness,
     "multishard": multishard,
 }
 

@@ -261,6 +261,8 @@ SCENARIOS: dict[str, Callable[[dict[str, Any], Peer], dict[str, Any]]] = {
 SHARDQ_ONLY = {
     "scale": "shardq-only scenario (1,000,000 scheduled jobs on one shard)",
     "multishard": "shardq-only scenario (throughput vs number of Redis shards)",
+    "fairness_priority": "shardq-only scenario (the peers have no tenants: their fairness "
+    "scenario is already A's flood ahead of B in one FIFO queue)",
 }
 
 

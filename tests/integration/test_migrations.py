@@ -20,6 +20,7 @@ TABLES = {
     "shardq_map_version",
     "shardq_tokens",
     "shardq_results",
+    "shardq_tenant_limits",
 }
 
 
@@ -96,6 +97,9 @@ def test_check_constraints_hold(database_url: str) -> None:
         "INSERT INTO shardq_tokens (token_id, token_hash, role, tenant_id) "
         "VALUES ('a', 'h', 'admin', 't')",
         "INSERT INTO shardq_tokens (token_id, token_hash, role) VALUES ('a', 'h', 'root')",
+        "INSERT INTO shardq_tenant_limits (tenant_id, weight) VALUES ('a', 1001)",
+        "INSERT INTO shardq_tenant_limits (tenant_id, max_pending) VALUES ('a', -1)",
+        "INSERT INTO shardq_tenant_limits (tenant_id, submit_rate_per_s) VALUES ('a', -0.5)",
     ]
     with psycopg.connect(db.psycopg_dsn(database_url), autocommit=True) as conn:
         conn.execute("INSERT INTO shardq_shards (shard_id, address) VALUES (0, 'a:1')")
