@@ -37,6 +37,7 @@ from shardq.shard.models import (
     Lease,
     NewJob,
     Paused,
+    PauseSummary,
     Schedule,
     ScheduleSpec,
     ShardSettings,
@@ -512,6 +513,18 @@ class ShardClient:
         whole, everyone = await pipe.execute()
         queues = {*await self.paused_queues_of(tenant), *map(_s, everyone)}
         return Paused(bool(whole), sorted(queues))
+
+    async def pause_summary(self) -> PauseSummary:
+        """How many tenants, queues and tenants' queues are paused and tenants parked at
+        their cap on this shard, in one round trip."""
+        k = self.keys
+        pipe = self._r.pipeline(transaction=False)
+        pipe.scard(k.paused())
+        pipe.smembers(k.paused_queues())
+        pipe.scard(k.paused_tenant_queues())
+        pipe.scard(k.parked())
+        tenants, queues, tenant_queues, parked = await pipe.execute()
+        return PauseSummary(int(tenants), sorted(map(_s, queues)), int(tenant_queues), int(parked))
 
     async def paused_queues_of(self, tenant: str) -> list[str]:
         """The queues paused for ``tenant`` alone (``pause(tenant, queue)``), sorted."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from shardq.shard.models import TenantLoad
+from shardq.shard.models import PauseSummary, TenantLoad
 
 if TYPE_CHECKING:
     from shardq.shard.client import ShardClient
@@ -95,6 +95,33 @@ class TenantGauges:
         self.fail_rate = gauge(
             "shardq_tenant_fail_rate", "Failed or expired attempts per second, last interval"
         )
+        self.pending_bytes = gauge(
+            "shardq_tenant_pending_bytes", "Payload bytes of the tenant's pending jobs"
+        )
+        self.unrunnable = gauge(
+            "shardq_tenant_unrunnable",
+            "Jobs handed back by a worker without their handler, ever (rising: no live "
+            "worker of the queue can run them)",
+        )
+
+        def shard_gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, ["shard"], registry=registry)
+
+        self.paused_tenants = shard_gauge(
+            "shardq_shard_paused_tenants", "Tenants paused whole"
+        ).labels(shard=shard_id)
+        self.paused_tenant_queues = shard_gauge(
+            "shardq_shard_paused_tenant_queues", "Single tenants' queues paused"
+        ).labels(shard=shard_id)
+        self.parked = shard_gauge(
+            "shardq_shard_parked_tenants", "Tenants held back at their max_active cap"
+        ).labels(shard=shard_id)
+        # One series per queue paused for every tenant; resumed queues lose theirs.
+        self.paused_queue = Gauge(
+            "shardq_queue_paused", "1 while the queue is paused for every tenant of the shard",
+            ["shard", "queue"], registry=registry,
+        )  # fmt: skip
+        self._paused_queues: set[str] = set()
         self.tenants = Gauge(
             "shardq_shard_tenants", "Tenants on the shard (all, not only those shown)",
             ["shard"], registry=registry,
@@ -102,6 +129,7 @@ class TenantGauges:
         self._all = (
             self.scheduled, self.ready, self.active, self.dead,
             self.submit_rate, self.complete_rate, self.fail_rate,
+            self.pending_bytes, self.unrunnable,
         )  # fmt: skip
         self._shown: set[str] = set()
 
@@ -119,11 +147,24 @@ class TenantGauges:
             self.submit_rate.labels(**labels).set(load.submit_per_s)
             self.complete_rate.labels(**labels).set(load.complete_per_s)
             self.fail_rate.labels(**labels).set(load.fail_per_s)
+            self.pending_bytes.labels(**labels).set(load.pending_bytes)
+            self.unrunnable.labels(**labels).set(load.unrunnable_total)
         shown = {load.tenant for load in top}
         for tenant in self._shown - shown:
             self._remove(tenant)
         self._shown = shown
         return [load.tenant for load in top]
+
+    def show_pauses(self, summary: PauseSummary) -> None:
+        """Set the shard's pause and park gauges."""
+        self.paused_tenants.set(summary.tenants)
+        self.paused_tenant_queues.set(summary.tenant_queues)
+        self.parked.set(summary.parked)
+        for queue in self._paused_queues - set(summary.queues):
+            self.paused_queue.remove(self.shard_id, queue)
+        for queue in summary.queues:
+            self.paused_queue.labels(shard=self.shard_id, queue=queue).set(1)
+        self._paused_queues = set(summary.queues)
 
     def clear(self) -> None:
         """Drop every tenant's gauges (a loop that stops leading no longer samples)."""
@@ -131,6 +172,7 @@ class TenantGauges:
             self._remove(tenant)
         self._shown = set()
         self.tenants.set(0)
+        self.show_pauses(PauseSummary(0, [], 0, 0))
 
     def _remove(self, tenant: str) -> None:
         for g in self._all:
@@ -184,4 +226,5 @@ class LoadSampler:
         await pipe.execute()
         if self.gauges is not None:
             self.gauges.show(loads.values(), self.top_n)
+            self.gauges.show_pauses(await self.shard.pause_summary())
         return loads

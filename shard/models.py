@@ -100,6 +100,20 @@ def Limits(max_pending: int = 0, rate_per_s: float = 0.0) -> TenantLimits:
     return TenantLimits(max_pending=max_pending, submit_rate_per_s=rate_per_s)
 
 
+@dataclass(frozen=True, slots=True)
+class PauseSummary:
+    """What is held back on one shard now (the shard loop's gauges)."""
+
+    #: Tenants paused whole.
+    tenants: int
+    #: Queues paused for every tenant of the shard, sorted.
+    queues: list[str]
+    #: Single tenants' queues paused (``{tenant}/{queue}`` pairs).
+    tenant_queues: int
+    #: Tenants off the rings because they are at their ``max_active`` cap.
+    parked: int
+
+
 class Paused(NamedTuple):
     """What ``ShardClient.paused(tenant)`` answers: a pair ``(tenant, queues)``."""
 

@@ -221,6 +221,38 @@ async def test_only_the_busiest_tenants_get_gauges_and_those_that_drop_out_lose_
         await ops.stop()
 
 
+async def test_pauses_parked_tenants_and_pending_bytes_show_on_the_gauges_until_lifted(
+    shard: ShardClient,
+) -> None:
+    registry = CollectorRegistry()
+    sampler = LoadSampler(shard, TenantGauges(registry, "3"), top_n=5)
+    await shard.enqueue(jobs("a", 2) + jobs("b", 3) + jobs("c", 1, queue="mail"))
+    await shard.set_limits("b", TenantLimits(max_active=1))
+    assert len(await shard.claim("w1", 5, lease_ms=60_000)) >= 2  # b reaches its cap: parked
+    await shard.pause(tenant="a")
+    await shard.pause(tenant="c", queue="mail")
+    await shard.pause(queue="reports")
+    await sampler.sample()
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"shard": "3", **labels})
+
+    assert value("shardq_shard_paused_tenants") == 1
+    assert value("shardq_shard_paused_tenant_queues") == 1
+    assert value("shardq_shard_parked_tenants") == 1
+    assert value("shardq_queue_paused", queue="reports") == 1
+    assert value("shardq_tenant_pending_bytes", tenant="b") == 6  # three payloads of b"{}"
+    assert value("shardq_tenant_unrunnable", tenant="a") == 0
+
+    await shard.resume(tenant="a")
+    await shard.resume(tenant="c", queue="mail")
+    await shard.resume(queue="reports")
+    await sampler.sample()
+    assert value("shardq_shard_paused_tenants") == 0
+    assert value("shardq_shard_paused_tenant_queues") == 0
+    assert value("shardq_queue_paused", queue="reports") is None
+
+
 async def test_the_running_leader_samples_and_exposes_tenant_gauges(redis: Redis) -> None:
     # On the wall clock, like the loop: the fake one's "600 s from now" is long past.
     await ShardClient(redis, SETTINGS).enqueue(jobs("acme", 3) + jobs("beta", 1, delay_ms=600_000))
