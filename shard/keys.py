@@ -54,7 +54,7 @@ class Keys:
         """ZSET: one tenant's active job IDs scored by claim time (unix ms), for listing."""
         return f"{self.prefix}:tactive:{tenant}"
 
-    # -- ready jobs and who may be served (claim.lua; docs/design-queues.md) ------------------
+    # -- ready jobs and who may be served (claim.lua; docs/queues-and-limits.md) --------------
     #
     # A tenant ``t`` is on ``ring(q)`` only if it has ready jobs in ``q``. Claim drops the head
     # tenant lazily when it finds it paused (``paused``, ``tqpaused``) or parked (``parked``);
@@ -133,7 +133,7 @@ class Keys:
         """HASH: per-tenant gauges and counters, kept in O(1) by every script.
 
         Gauges: ``scheduled``, ``ready``, ``active``, ``dead``, and ``bytes`` (payload bytes
-        of the scheduled, ready and active jobs; never below 0, see ``docs/design-queues.md``
+        of the scheduled, ready and active jobs; never below 0, see ``docs/queues-and-limits.md``
         on upgraded shards). Counters (only grow): ``submitted``, ``succeeded``, ``failed``
         (attempts that failed or expired), ``unrunnable`` (jobs handed back by a worker
         without their handler).
