@@ -54,6 +54,7 @@ from shardq.shard.records import (
     JobRecord,
     JobState,
     PreparedJob,
+    limit_defaults,
 )
 from shardq.shard.scripts import register_all
 
@@ -101,6 +102,7 @@ class ShardClient:
         self.keys = Keys(self.settings.key_prefix)
         self._scripts = register_all(redis)
         self._base = self.keys.base()
+        self._last_limits: tuple[TenantLimits, str] | None = None
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[name](keys=[self._base, *keys], args=list(args))
@@ -136,7 +138,7 @@ class ShardClient:
         timeout = validation.int_in_range(
             job.timeout_ms, 0, validation.MAX_TIMEOUT_MS, "timeout_ms"
         )
-        limits = check_limits(job.limits)
+        defaults = self._checked(job.limits)
         return PreparedJob(
             tenant=job.tenant,
             job_id=job.job_id or new_job_id(now),
@@ -149,11 +151,20 @@ class ShardClient:
             timeout_ms=timeout or s.default_timeout_ms,
             digest=digest(job.handler, payload),
             queue=queue,
-            max_pending=limits.max_pending,
-            max_pending_bytes=limits.max_pending_bytes,
-            submit_rate_per_s=limits.submit_rate_per_s,
-            submit_burst=limits.submit_burst,
+            limit_defaults=defaults,
         )
+
+    def _checked(self, limits: TenantLimits) -> str:
+        """``limits`` checked and encoded as ``PreparedJob.limit_defaults``, remembered for
+        the last object seen: the coordinator gives every job of a tenant the same (frozen)
+        defaults, and checking them per job was a third of the cost of ``prepare``."""
+        if self._last_limits is None or self._last_limits[0] is not limits:
+            ok = check_limits(limits)
+            encoded = limit_defaults(
+                ok.max_pending, ok.max_pending_bytes, ok.submit_rate_per_s, ok.submit_burst
+            )
+            self._last_limits = (limits, encoded)
+        return self._last_limits[1]
 
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         """Enqueue jobs (any tenants of this shard); one result per job, in order.

@@ -94,6 +94,10 @@ class TenantLimits:
     max_pending_bytes: int = 0
 
 
+#: Limits that set nothing (every field 0): the default of ``NewJob.limits``.
+NO_LIMITS = TenantLimits()
+
+
 def Limits(max_pending: int = 0, rate_per_s: float = 0.0) -> TenantLimits:
     """The admission defaults as they were spelled before :class:`TenantLimits` (kept for
     callers written then): a TenantLimits with ``max_pending`` and ``submit_rate_per_s``."""
@@ -140,7 +144,8 @@ class NewJob:
     timeout_ms: int = 0
     #: The caller's defaults for the admission limits the tenant's ``limits:{t}`` hash on the
     #: shard does not set (rate, burst, pending jobs and bytes); see :class:`TenantLimits`.
-    limits: TenantLimits = field(default_factory=TenantLimits)
+    #: One shared (frozen) object by default, so the shard API checks it once, not per job.
+    limits: TenantLimits = NO_LIMITS
     #: Set by the shard API when empty; a caller may fix it (migration keeps IDs).
     job_id: str = ""
     #: The queue the job waits in; workers claim from the queues they serve.

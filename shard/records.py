@@ -144,10 +144,12 @@ def _text(value: bytes | str | None) -> str:
 class PreparedJob:
     """A job checked and completed by ``ShardClient.prepare``, ready for ``enqueue.lua``.
 
-    The fields are declared in the order ``enqueue.lua`` reads them from its ARGV (15 per job,
-    :data:`ENQUEUE_STRIDE`); :meth:`to_argv` writes them in that order. The last four are the
-    caller's defaults for the admission limits the tenant's ``limits:{t}`` hash does not set
-    (``NewJob.limits``): they are checked with the write and not stored.
+    The fields are declared in the order ``enqueue.lua`` reads them from its ARGV (12 per job,
+    :data:`ENQUEUE_STRIDE`); :meth:`to_argv` writes them in that order. The last one carries
+    the caller's defaults for the admission limits the tenant's ``limits:{t}`` hash does not
+    set (``NewJob.limits``), checked with the write and not stored: four numbers in one
+    entry (:func:`limit_defaults`), since redis-py's packing costs per argument and a batch's
+    jobs share their tenant's defaults.
     """
 
     tenant: str
@@ -163,17 +165,12 @@ class PreparedJob:
     digest: str
     #: The queue the job waits in.
     queue: str
-    #: Default pending-jobs quota (scheduled + ready + active); 0 = none.
-    max_pending: int
-    #: Default pending-bytes quota (payload bytes of scheduled, ready and active jobs); 0 = none.
-    max_pending_bytes: int
-    #: Default submit rate (token bucket); 0 = no limit.
-    submit_rate_per_s: float
-    #: Default bucket size; 0 = max(1, rate).
-    submit_burst: int
+    #: ``limit_defaults(...)``: the default pending-jobs quota, pending-bytes quota, submit
+    #: rate and bucket size (0: none, none, no limit, max(1, rate)).
+    limit_defaults: str
 
     def to_argv(self) -> list[Any]:
-        """This job's 15 ARGV entries for ``enqueue.lua``, in the order it reads them."""
+        """This job's 12 ARGV entries for ``enqueue.lua``, in the order it reads them."""
         return [
             self.tenant,
             self.job_id,
@@ -186,11 +183,16 @@ class PreparedJob:
             self.timeout_ms,
             self.digest,
             self.queue,
-            self.max_pending,
-            self.max_pending_bytes,
-            repr(float(self.submit_rate_per_s)),
-            self.submit_burst,
+            self.limit_defaults,
         ]
+
+
+def limit_defaults(
+    max_pending: int, max_pending_bytes: int, submit_rate_per_s: float, submit_burst: int
+) -> str:
+    """``PreparedJob.limit_defaults``: ``"<max_pending> <max_pending_bytes> <rate> <burst>"``,
+    the rate as a float Lua's ``tonumber`` reads back exactly (``repr``)."""
+    return f"{max_pending} {max_pending_bytes} {float(submit_rate_per_s)!r} {submit_burst}"
 
 
 #: ``enqueue.lua``'s per-job ARGV, in order: the fields of :class:`PreparedJob`.

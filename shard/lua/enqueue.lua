@@ -9,8 +9,8 @@
 -- ARGV[2]  dedupe_ttl_ms             (int)     how long a request_id stays deduplicated
 -- ARGV[3]  map_version               (int)     shard-map version the caller routed with; 0 for
 --                                              the shard's own loop (cron), never refused
--- ARGV[4..] 15 entries per job (PreparedJob.to_argv in shard/records.py): entry j of job
---          k = 0, 1, ... is ARGV[3+k*15+j]; "-> 'x'" names the job hash field it is stored in
+-- ARGV[4..] 12 entries per job (PreparedJob.to_argv in shard/records.py): entry j of job
+--          k = 0, 1, ... is ARGV[3+k*12+j]; "-> 'x'" names the job hash field it is stored in
 --   j=1   tenant           (string)          -> 't'
 --   j=2   job_id           (string)          the hash's key {prefix}:job:{job_id}
 --   j=3   request_id       (string)          -> 'r' (and the dedupe key's name)
@@ -22,12 +22,10 @@
 --   j=9   timeout_ms       (int, ms)         -> 'to'
 --   j=10  digest           (string)          of handler+payload: kept in the dedupe key's value
 --   j=11  queue            (string)          -> 'q' (not stored for 'default')
---   j=12  max_pending      (int)             default of limits:{t} 'max_pending'; 0 = none
---   j=13  max_pending_bytes (int, bytes)     default of limits:{t} 'max_pending_bytes'; 0 = none
---   j=14  submit_rate_per_s (float, per s)   default of limits:{t} 'rate'; 0 = no limit
---   j=15  submit_burst     (int)             default of limits:{t} 'burst'; 0 = max(1, rate)
---          The four limits are the caller's defaults, used where the tenant's limits:{t} hash
---          has no such field; none is stored. A job made here also gets 's' = 'ready' (or
+--   j=12  limit_defaults   (string)          "<max_pending> <max_pending_bytes> <rate> <burst>":
+--          the caller's defaults of limits:{t} 'max_pending' (0 = none), 'max_pending_bytes'
+--          (bytes, 0 = none), 'rate' (float, per s, 0 = no limit) and 'burst' (0 = max(1,
+--          rate)), used where the tenant's limits:{t} hash has no such field; none is stored. A job made here also gets 's' = 'ready' (or
 --          'scheduled' when run_at_ms > now_ms), 'ca' = now_ms, 'at' = 0 and 'f' = 0; its
 --          payload's length is added to counts:{t} 'bytes'.
 -- Returns  one {code, job_id, state, retry_after_ms} per job, in order (EnqueueResult); job_id
@@ -41,7 +39,7 @@
 local now = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local map_version = tonumber(ARGV[3])
-local STRIDE = 15
+local STRIDE = 12
 local FIRST = 4
 local out = {}
 
@@ -95,15 +93,27 @@ local function take_token(tenant, rate, burst)
   return wait
 end
 
+-- Each distinct limit_defaults string of the batch, parsed once (a batch's jobs share them).
+local parsed_defaults = {}
+local function defaults_of(s)
+  local d = parsed_defaults[s]
+  if not d then
+    local mp, mb, rate, burst = string.match(s, '^(%S+) (%S+) (%S+) (%S+)$')
+    d = {tonumber(mp), tonumber(mb), tonumber(rate), tonumber(burst)}
+    parsed_defaults[s] = d
+  end
+  return d
+end
+
 for i = FIRST, #ARGV, STRIDE do
   local tenant, id, rid, handler, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local prio, run_at = ARGV[i + 5], tonumber(ARGV[i + 6])
   local max_attempts, timeout_ms, digest, q = ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10]
-  local l = limits_of(tenant)
-  local max_pending = tonumber(l[1]) or tonumber(ARGV[i + 11])
-  local max_bytes = tonumber(l[2]) or tonumber(ARGV[i + 12])
-  local rate = tonumber(l[3]) or tonumber(ARGV[i + 13])
-  local burst = tonumber(l[4]) or tonumber(ARGV[i + 14])
+  local l, dft = limits_of(tenant), defaults_of(ARGV[i + 11])
+  local max_pending = tonumber(l[1]) or dft[1]
+  local max_bytes = tonumber(l[2]) or dft[2]
+  local rate = tonumber(l[3]) or dft[3]
+  local burst = tonumber(l[4]) or dft[4]
   local dkey = k_dedupe(tenant, rid)
   local counts = k_counts(tenant)
   local seen = redis.call('GET', dkey)

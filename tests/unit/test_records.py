@@ -27,6 +27,7 @@ from shardq.shard.records import (
     JobRecord,
     JobState,
     PreparedJob,
+    limit_defaults,
 )
 
 PREPARED = PreparedJob(
@@ -41,10 +42,7 @@ PREPARED = PreparedJob(
     timeout_ms=9_000,
     digest="0123456789abcdef",
     queue="mail",
-    max_pending=1_000,
-    max_pending_bytes=4_096,
-    submit_rate_per_s=2.5,
-    submit_burst=10,
+    limit_defaults=limit_defaults(1_000, 4_096, 2.5, 10),
 )
 
 #: One value per field of the job hash, as HGETALL returns them; distinct where types allow.
@@ -178,17 +176,15 @@ def test_cancel_requested_is_only_the_flag_one() -> None:
 
 def test_to_argv_writes_every_field_in_the_declared_order() -> None:
     argv = PREPARED.to_argv()
-    assert len(argv) == ENQUEUE_STRIDE == 15
+    assert len(argv) == ENQUEUE_STRIDE == 12
     by_name = dict(zip(ENQUEUE_ARGV, argv, strict=True))
-    assert by_name["submit_rate_per_s"] == "2.5"  # a float as Lua's tonumber reads it
-    back = PreparedJob(**(by_name | {"submit_rate_per_s": float(by_name["submit_rate_per_s"])}))
-    assert back == PREPARED
-    assert by_name == dataclasses.asdict(PREPARED) | {"submit_rate_per_s": "2.5"}
+    assert by_name["limit_defaults"] == "1000 4096 2.5 10"  # as enqueue.lua splits it
+    assert PreparedJob(**by_name) == PREPARED
+    assert by_name == dataclasses.asdict(PREPARED)
 
 
 def test_an_integral_rate_is_sent_as_a_float() -> None:
-    argv = dataclasses.replace(PREPARED, submit_rate_per_s=0).to_argv()
-    assert argv[ENQUEUE_ARGV.index("submit_rate_per_s")] == "0.0"
+    assert limit_defaults(0, 0, 0, 0) == "0 0 0.0 0"
 
 
 def test_enqueue_lua_reads_the_fields_in_the_order_to_argv_writes_them() -> None:
