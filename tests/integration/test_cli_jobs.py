@@ -5,75 +5,31 @@ is blocking) and once as a subprocess."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
 import pytest_asyncio
 
-from shardq.coordinator import cli
 from shardq.coordinator.tools.redis_server import free_port
 from shardq.shard.models import ClaimedJob, Failure, Lease
-from tests.support.cluster import Cluster, running_cluster
-from tests.support.postgres import sqlalchemy_url, throwaway_database
+from tests.support.cli import Shardq, cluster_of_its_own, one_error_line
+from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> object:
-        return json.loads(self.out)
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def cluster() -> AsyncIterator[Cluster]:
-    with throwaway_database() as url:
-        async with running_cluster(sqlalchemy_url(url)) as c:
-            yield c
-
-
-class Shardq:
-    def __init__(self, cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
-        self.cluster = cluster
-        self.capsys = capsys
-
-    async def __call__(
-        self,
-        *argv: str,
-        token: str | None = None,
-        tenant: str = "acme",
-        coordinator: str | None = None,
-    ) -> Run:
-        """``shardq ARGV...`` with the tenant's token (or the one given) and the coordinator."""
-        token = token if token is not None else await self.cluster.token_for(tenant)
-        target = coordinator or self.cluster.target
-        full = [*argv, "--coordinator", target, "--token", token]
-        self.capsys.readouterr()
-        code = await asyncio.to_thread(cli.main, full)
-        captured = self.capsys.readouterr()
-        return Run(code, captured.out, captured.err)
+    async with cluster_of_its_own() as c:
+        yield c
 
 
 @pytest.fixture
 def shardq(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> Shardq:
-    return Shardq(cluster, capsys)
-
-
-def one_error_line(run: Run, code: str) -> str:
-    assert run.code == 1, run
-    lines = run.err.splitlines()
-    assert len(lines) == 1 and "Traceback" not in run.err, run.err
-    assert lines[0].startswith(f"error: {code}: "), lines[0]
-    return lines[0]
+    return Shardq(cluster, capsys, default_tenant="acme")
 
 
 async def test_submit_get_and_cancel_a_job(shardq: Shardq) -> None:

@@ -11,7 +11,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -19,11 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shardq.client import job_spec
 from shardq.v1 import common_pb2
-from shardq.worker import Worker, serve
-from shardq.worker.handlers import REGISTRY
+from shardq.worker import Worker
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.procs import WorkerProcess, start_worker, wait_until_serving
-from tests.support.workers import shard_loops, wait_for_rows, worker_settings
+from tests.support.workers import running_worker, shard_loops, wait_for_rows
 
 TENANTS = [f"tenant-{i}" for i in range(6)]
 MAIL = "tests.support.handlers_mail"
@@ -43,21 +42,11 @@ async def one_shard(database_url: str) -> AsyncIterator[Cluster]:
         yield c
 
 
-@asynccontextmanager
-async def worker_with(
+def worker_with(
     cluster: Cluster, handlers: Iterable[str], **kw: Any
-) -> AsyncIterator[Worker]:
+) -> AbstractAsyncContextManager[Worker]:
     """An in-process worker that has only ``handlers`` (of the test handlers)."""
-    worker = Worker(worker_settings(cluster, **kw), {name: REGISTRY[name] for name in handlers})
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        serve(worker, coordinator=cluster.target, token=cluster.admin_token, stop=stop)
-    )
-    try:
-        yield worker
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
+    return running_worker(cluster, handlers, **kw)
 
 
 async def until(cond: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30) -> None:

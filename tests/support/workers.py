@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -55,9 +55,13 @@ def worker_settings(cluster: Cluster, **kw: Any) -> WorkerSettings:
 
 
 @asynccontextmanager
-async def running_worker(cluster: Cluster, **kw: Any) -> AsyncIterator[Worker]:
-    """A worker in this process, following the coordinator's assignment."""
-    worker = Worker(worker_settings(cluster, **kw), REGISTRY)
+async def running_worker(
+    cluster: Cluster, handlers: Iterable[str] | None = None, **kw: Any
+) -> AsyncIterator[Worker]:
+    """A worker in this process, following the coordinator's assignment, with every test
+    handler or only ``handlers``."""
+    chosen = REGISTRY if handlers is None else {name: REGISTRY[name] for name in handlers}
+    worker = Worker(worker_settings(cluster, **kw), chosen)
     stop = asyncio.Event()
     task = asyncio.create_task(
         serve(worker, coordinator=cluster.target, token=cluster.admin_token, stop=stop)
