@@ -7,6 +7,7 @@ results) or the shards' Redis; any number of replicas give the same answers.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import Mapping
@@ -16,8 +17,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shardq.common import validation
-from shardq.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from shardq.coordinator import limits
+from shardq.common.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
+from shardq.coordinator import limits, tokens
 from shardq.coordinator.errors import Ctx
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.registry import WorkerRegistry
@@ -29,6 +30,9 @@ from shardq.store import db
 from shardq.store.results import read_result
 
 log = logging.getLogger("shardq.coordinator")
+
+#: A result read-back not answered within this many seconds is UNAVAILABLE.
+RESULT_READ_TIMEOUT_S = 5.0
 
 #: Who the worker token from the environment (``CoordinatorSettings.worker_token``) acts as.
 ENV_WORKER = Principal(role="worker", tenant_id=None, token_id="env")
@@ -67,6 +71,14 @@ class CoordinatorSettings:
     max_schedules_per_tenant: int = 1_000
     #: How often the shard-map version is polled besides LISTEN/NOTIFY, in seconds.
     map_poll_interval_s: float = 0.5
+    #: How long a token's lookup is reused, in seconds: the delay before a token revoked
+    #: elsewhere stops working here (``--token-cache-ttl-s``).
+    token_cache_ttl_s: float = 5.0
+    #: While Postgres cannot be reached, how long after its last successful lookup a token's
+    #: cached answer is still used, in seconds (``--token-stale-max-s``; 0: not past the TTL).
+    token_stale_max_s: float = tokens.DEFAULT_STALE_MAX_S
+    #: After a failed token lookup, how long no lookup is tried (cached answers are served).
+    token_retry_s: float = tokens.DEFAULT_RETRY_S
     #: A worker whose assignment stream no replica has refreshed for this long is gone, in s.
     worker_ttl_s: float = 10.0
     #: How often each replica refreshes its workers and re-reads the live set, in s.
@@ -91,7 +103,12 @@ class Coordinator:
         self.follower = ShardMapFollower(
             self.store, db.psycopg_dsn(settings.database_url), settings.map_poll_interval_s
         )
-        self.tokens = TokenStore(self.engine)
+        self.tokens = TokenStore(
+            self.engine,
+            cache_ttl_s=settings.token_cache_ttl_s,
+            stale_max_s=settings.token_stale_max_s,
+            retry_s=settings.token_retry_s,
+        )
         #: Tenants' limits as admins set them (the source of truth the shards are given).
         self.limits = limits.LimitsStore(self.engine)
         self.pool = ShardPool(settings.redis_password, settings.shard)
@@ -100,6 +117,8 @@ class Coordinator:
         self.registry = WorkerRegistry(
             self.engine, settings.worker_ttl_s, settings.worker_refresh_s
         )
+        #: Reads of results (GetJob, WatchJob), each bounded by RESULT_READ_TIMEOUT_S.
+        self._reads = db.Uncancellable()
 
     async def start(self) -> None:
         self.registry.start()
@@ -111,6 +130,8 @@ class Coordinator:
         await self.registry.stop()
         await self.follower.stop()
         await self.pool.close()
+        await self.tokens.drain()
+        await self._reads.drain()
         await self.engine.dispose()
 
     @property
@@ -176,5 +197,19 @@ class Coordinator:
         return principal
 
     async def result_of(self, tenant: str, request_id: str) -> bytes | None:
-        """The recorded result of a succeeded job, as JSON bytes."""
-        return await read_result(self.engine, tenant, request_id)
+        """The recorded result of a succeeded job, as JSON bytes.
+
+        While Postgres cannot be reached this is UNAVAILABLE rather than the job without its
+        result: an empty ``result`` would read as a handler that returned nothing
+        (docs/guarantees.md, "While Postgres is away")."""
+        try:
+            # Bounded like a token lookup: a partitioned database can leave a connection
+            # attempt hanging for minutes. The read goes on in the background (a cancelled
+            # pool checkout can lose its connection) and stop() waits for it.
+            async with asyncio.timeout(RESULT_READ_TIMEOUT_S):
+                return await self._reads.run(read_result(self.engine, tenant, request_id))
+        except tokens.UNREACHABLE as exc:  # TimeoutError among them
+            raise Unavailable(
+                "the job succeeded, but its result cannot be read while the database cannot "
+                "be reached; retry"
+            ) from exc

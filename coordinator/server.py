@@ -19,6 +19,7 @@ from shardq.common.ops_http import OpsServer
 from shardq.coordinator import api
 from shardq.coordinator.app import Coordinator, CoordinatorSettings
 from shardq.coordinator.limits import parse_tenant_limits
+from shardq.coordinator.tokens import DEFAULT_STALE_MAX_S
 from shardq.shard.models import ShardSettings, TenantLimits
 from shardq.store import db
 from shardq.v1 import (
@@ -90,6 +91,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--tls-key-file", "", "PEM private key for gRPC TLS")
     config.add(p, "--tls-client-ca-file", "", "PEM CA: require client certificates from it")
     config.add(p, "--worker-token", "", "a worker token accepted besides the database's")
+    config.add(
+        p,
+        "--token-cache-ttl-s",
+        5.0,
+        "seconds a token's lookup is reused (how long a token revoked elsewhere still works here)",
+        float,
+    )
+    config.add(
+        p,
+        "--token-stale-max-s",
+        DEFAULT_STALE_MAX_S,
+        "while Postgres is unreachable, seconds after its last lookup a cached token still works",
+        float,
+    )
     config.add(p, "--max-pending", 1_000_000, "default per-tenant pending-job quota", int)
     config.add(
         p, "--max-pending-bytes", 0, "default per-tenant pending payload bytes (0: none)", int
@@ -138,6 +153,10 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         submit_rate_per_s=args.rate_per_s,
         submit_burst=args.submit_burst,
     )
+    for flag in ("token_cache_ttl_s", "token_stale_max_s"):
+        if not getattr(args, flag) >= 0:  # also NaN
+            name = "--" + flag.replace("_", "-")
+            raise SystemExit(f"shardq-coordinator: {name} must be 0 or more seconds")
     try:
         default_limits, tenant_limits = parse_tenant_limits(args.tenant_limits, flags)
     except ValueError as exc:  # json.JSONDecodeError is one
@@ -153,6 +172,8 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         default_limits=default_limits,
         tenant_limits=tenant_limits,
         reject_unknown_handlers=args.reject_unknown_handlers,
+        token_cache_ttl_s=args.token_cache_ttl_s,
+        token_stale_max_s=args.token_stale_max_s,
         shard=ShardSettings(key_prefix=args.key_prefix, max_payload_bytes=args.max_payload_bytes),
     )
 

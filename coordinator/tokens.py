@@ -9,12 +9,32 @@ passwords): 256 bits of randomness cannot be guessed from its hash.
 cache (token hash → principal, negative answers too) for ``cache_ttl_s``. The price: a token
 revoked in another process keeps working there for up to ``cache_ttl_s`` (5 s by default);
 in the revoking process it stops at once.
+
+**While Postgres cannot be reached** the front door keeps working for the tokens it knows:
+an answer past ``cache_ttl_s`` whose refresh fails (the database is down, refuses
+connections, or does not answer within ``lookup_timeout_s``) is served as it was last read,
+for up to ``stale_max_s`` after that read (15 min by default). Then:
+
+- a negative answer stays negative: a stale answer is served as it was, never upgraded;
+- a token this process has not seen before gets ``Unavailable``, not "invalid" (why: see
+  :meth:`TokenStore.authenticate`);
+- past ``stale_max_s`` no cached answer is used: every call is ``Unavailable`` until the
+  database answers again;
+- the database is not asked on every call meanwhile: after a failed lookup no lookup at all
+  is made for ``retry_s`` (one probe per interval for the whole process, however many
+  tokens and calls); a token has at most one lookup in flight, and while it runs (or hangs)
+  other calls with that token are answered from the cache without waiting for it;
+- the first successful lookup after the outage replaces the entry, so a token revoked during
+  the outage stops working within ``retry_s`` of the database being back (plus the usual
+  ``cache_ttl_s`` on replicas that refreshed it just before).
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import hashlib
+import logging
 import re
 import secrets
 import time
@@ -23,12 +43,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shardq.common import validation
-from shardq.common.errors import InvalidArgument
+from shardq.common.errors import InvalidArgument, Unavailable
 from shardq.store import db
+
+log = logging.getLogger("shardq.coordinator.tokens")
 
 ROLES = db.TOKEN_ROLES
 TOKEN_PREFIX = "sq_"
@@ -36,6 +59,26 @@ TOKEN_PREFIX = "sq_"
 TOKEN_RE = re.compile(r"sq_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
 #: Most cached answers; the oldest are dropped beyond it (bounds memory under junk tokens).
 CACHE_MAX_ENTRIES = 10_000
+
+#: Default of ``TokenStore.stale_max_s``: how long after its last successful read a cached
+#: answer may still be used while the database cannot be reached (``--token-stale-max-s``).
+DEFAULT_STALE_MAX_S = 900.0
+#: Default of ``TokenStore.retry_s``: after a failed lookup, no lookup for this long.
+DEFAULT_RETRY_S = 1.0
+#: Default of ``TokenStore.lookup_timeout_s``: a lookup not answered by then counts as failed
+#: (a partitioned database can leave a connection attempt hanging for minutes).
+DEFAULT_LOOKUP_TIMEOUT_S = 2.0
+
+#: What a lookup raises when the database cannot be reached (rather than a bug of ours):
+#: SQLAlchemy's wrappers of connection errors, its pool timeout, psycopg's own, sockets and
+#: timeouts (TimeoutError is an OSError).
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    sa.exc.OperationalError,
+    sa.exc.InterfaceError,
+    sa.exc.TimeoutError,
+    psycopg.OperationalError,
+    OSError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +106,19 @@ class TokenInfo:
         return self.revoked_at is None
 
 
+@dataclass(slots=True)
+class _Entry:
+    """A cached answer of the database for one token hash."""
+
+    #: Who the token stands for; None for an unknown or revoked token.
+    principal: Principal | None
+    #: When the database gave this answer (the store's clock).
+    read_at: float
+    #: No lookup for this token before then: ``read_at + cache_ttl_s``, or later after a
+    #: failed refresh.
+    next_lookup_at: float
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -73,13 +129,34 @@ class TokenStore:
         engine: AsyncEngine,
         *,
         cache_ttl_s: float = 5.0,
+        stale_max_s: float = DEFAULT_STALE_MAX_S,
+        retry_s: float = DEFAULT_RETRY_S,
+        lookup_timeout_s: float = DEFAULT_LOOKUP_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._engine = engine
         #: How long an answer of ``authenticate`` is reused, in seconds (the revocation delay).
         self.cache_ttl_s = cache_ttl_s
+        #: How long after its last read an answer may still be used while the database
+        #: cannot be reached, in seconds; 0 (or less than ``cache_ttl_s``): never past the TTL.
+        self.stale_max_s = stale_max_s
+        #: After a failed lookup, how long no lookup is made (stale answers are served), in s.
+        self.retry_s = retry_s
+        #: A lookup not answered within this many seconds counts as failed.
+        self.lookup_timeout_s = lookup_timeout_s
         self._clock = clock
-        self._cache: OrderedDict[str, tuple[float, Principal | None]] = OrderedDict()
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        #: No lookup before this time (the store's clock): set by a failed lookup.
+        self._quiet_until = float("-inf")
+        #: The database could not be reached at the last lookup (for logging the outage once).
+        self._failing = False
+        #: Lookups in flight, by token hash: concurrent calls for one token share one.
+        self._inflight: dict[str, asyncio.Task[Principal | None]] = {}
+        #: Bumped by ``revoke``: a lookup that started before a revocation is not cached.
+        self._revocations = 0
+        #: Database lookups tried, and answers served past the TTL because a lookup failed.
+        self.lookups = 0
+        self.stale_answers = 0
 
     async def create(
         self, role: str, tenant_id: str | None = None, name: str = "", token: str | None = None
@@ -129,8 +206,9 @@ class TokenStore:
                 .values(revoked_at=sa.func.now())
             )
         # This process stops accepting it at once; others within cache_ttl_s.
-        for key, (_, principal) in list(self._cache.items()):
-            if principal is not None and principal.token_id == token_id:
+        self._revocations += 1
+        for key, entry in list(self._cache.items()):
+            if entry.principal is not None and entry.principal.token_id == token_id:
                 del self._cache[key]
         return bool(result.rowcount)
 
@@ -153,18 +231,102 @@ class TokenStore:
         """The principal ``token`` stands for, or None for an unknown, revoked or malformed one.
 
         Malformed tokens are turned away without a query; others are looked up by hash at
-        most once per ``cache_ttl_s``.
+        most once per ``cache_ttl_s``. While the database cannot be reached, the last answer
+        read for the token is used for up to ``stale_max_s`` after that read (see the module
+        docstring); without one, :class:`Unavailable` is raised.
+
+        Why Unavailable and not None (UNAUTHENTICATED) for a token never seen here: we do not
+        know that it is invalid, only that we cannot check it. Most such tokens are valid ones
+        this replica has not been shown yet (a service just deployed, a replica just
+        started). UNAUTHENTICATED is a final answer: clients do not retry it, and operators
+        act on it (rotate credentials, page someone); UNAVAILABLE is the truth, is retried by
+        every client, and succeeds once the database is back. A forged token gains nothing
+        from it: it is refused either way, and causes no database lookup during the outage.
         """
         match = TOKEN_RE.fullmatch(token) if isinstance(token, str) else None
         if match is None:
             return None
         digest = hash_token(token)
         now = self._clock()
-        cached = self._cache.get(digest)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        principal = await self._lookup(digest, match.group(1))
-        self._remember(digest, now + self.cache_ttl_s, principal)
+        entry = self._cache.get(digest)
+        if (
+            entry is not None
+            and now < entry.next_lookup_at
+            and now - entry.read_at < self.cache_ttl_s
+        ):
+            return entry.principal  # the common case: fresh
+        if not self._should_look_up(entry, digest, now):
+            return self._serve_stale(entry, now)
+        try:
+            return await self._refresh(digest, match.group(1))
+        except UNREACHABLE as exc:
+            now = self._clock()
+            self._lookup_failed(now, exc)
+            entry = self._cache.get(digest)
+            if entry is not None:
+                entry.next_lookup_at = now + self.retry_s
+            return self._serve_stale(entry, now)
+
+    def _should_look_up(self, entry: _Entry | None, digest: str, now: float) -> bool:
+        """Whether to ask the database now, rather than answer from the cache (or not at all)."""
+        if entry is not None and now < entry.next_lookup_at:
+            return False  # its refresh failed a moment ago
+        if now < self._quiet_until:
+            return False  # a lookup failed a moment ago: do not ask
+        # Its lookup is under way (or hangs): answer from the cache rather than queue behind
+        # it; only the call that started it waits for it, at most lookup_timeout_s.
+        return entry is None or digest not in self._inflight or not self._usable(entry, now)
+
+    def _usable(self, entry: _Entry, now: float) -> bool:
+        """Whether ``entry`` may still be used past its TTL (read within ``stale_max_s``)."""
+        return now - entry.read_at <= max(self.stale_max_s, self.cache_ttl_s)
+
+    def _serve_stale(self, entry: _Entry | None, now: float) -> Principal | None:
+        """The answer the database cannot refresh now, if one was read within stale_max_s."""
+        if entry is None:
+            raise Unavailable("the token cannot be checked: the database cannot be reached; retry")
+        if not self._usable(entry, now):
+            raise Unavailable(
+                "the token cannot be checked: the database has been unreachable for longer "
+                "than --token-stale-max-s allows serving it from cache; retry"
+            )
+        self.stale_answers += 1
+        return entry.principal
+
+    async def _refresh(self, digest: str, token_id: str) -> Principal | None:
+        """The database's answer for the token, cached; one lookup per token at a time, each
+        given at most ``lookup_timeout_s`` (it goes on in the background after that, and is
+        cached if it then succeeds)."""
+        task = self._inflight.get(digest)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                self._lookup_and_remember(digest, token_id)
+            )
+            self._inflight[digest] = task
+            task.add_done_callback(lambda t: self._lookup_done(digest, t))
+        try:
+            async with asyncio.timeout(self.lookup_timeout_s):
+                # shield: a caller that times out or goes away does not cancel the lookup
+                # (SQLAlchemy's pool can lose a connection cancelled while it is set up).
+                return await asyncio.shield(task)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no answer from the database within {self.lookup_timeout_s}s"
+            ) from None
+
+    async def _lookup_and_remember(self, digest: str, token_id: str) -> Principal | None:
+        revocations = self._revocations
+        self.lookups += 1
+        principal = await self._lookup(digest, token_id)
+        now = self._clock()
+        if self._failing:
+            self._failing = False
+            log.info("token lookups answer again: the database is back")
+        self._quiet_until = float("-inf")
+        # A lookup that raced with a revocation in this process may have read the token as
+        # still valid: answer it (as an earlier call would have been), but do not cache it.
+        if revocations == self._revocations:
+            self._remember(digest, now, principal)
         return principal
 
     async def _lookup(self, digest: str, token_id: str) -> Principal | None:
@@ -182,8 +344,36 @@ class TokenStore:
             return None
         return Principal(role=row.role, tenant_id=row.tenant_id, token_id=row.token_id)
 
-    def _remember(self, digest: str, expires_at: float, principal: Principal | None) -> None:
-        self._cache[digest] = (expires_at, principal)
+    def _lookup_done(self, digest: str, task: asyncio.Task[Principal | None]) -> None:
+        if self._inflight.get(digest) is task:
+            del self._inflight[digest]
+        if not task.cancelled():
+            task.exception()  # retrieved: its callers may all have timed out and gone
+
+    def _lookup_failed(self, now: float, exc: BaseException) -> None:
+        self._quiet_until = max(self._quiet_until, now + self.retry_s)
+        if not self._failing:
+            self._failing = True
+            log.warning(
+                "token lookups fail (%s): serving tokens read in the last %.0fs from cache, "
+                "refusing unseen ones UNAVAILABLE, one lookup per %.1fs until it answers",
+                exc.__class__.__name__ if not str(exc) else str(exc).splitlines()[0],
+                self.stale_max_s,
+                self.retry_s,
+            )
+
+    def _remember(self, digest: str, read_at: float, principal: Principal | None) -> None:
+        self._cache[digest] = _Entry(principal, read_at, read_at + self.cache_ttl_s)
         self._cache.move_to_end(digest)
         while len(self._cache) > CACHE_MAX_ENTRIES:
             self._cache.popitem(last=False)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait for lookups still running in the background (before the engine is disposed)."""
+        pending = set(self._inflight.values())
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

@@ -2,7 +2,8 @@
 
 Submits always carry a request_id (one is generated when the caller gives none) and are
 retried on UNAVAILABLE with that same request_id, so a retry through a coordinator restart can
-never create a second job: the server deduplicates it.
+never create a second job: the server deduplicates it. By default a call is retried for up to
+20 s (:class:`RetryPolicy`), which outlasts a coordinator restart.
 
     async with AsyncClient("localhost:50051", token="sq_...") as c:
         job = await c.submit("email.send", {"to": "a@example.com"}, delay_ms=5_000)
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
 
 from shardq.v1 import (
     admin_pb2,
@@ -40,6 +43,15 @@ T = TypeVar("T")
 #: Every call is safe to repeat: submits carry a fixed request_id, the rest only read or are
 #: idempotent.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+#: Longest wait between the channel's attempts to reconnect to a coordinator that went away,
+#: in ms. gRPC's default grows to 120 s (1 s, 1.6 s, 2.6 s, 4.1 s, 6.6 s... apart), so a client
+#: could stay away for seconds after a restarted coordinator is back; capped, it sees it
+#: within about 2 s, well inside ``RetryPolicy``'s budget.
+MAX_RECONNECT_BACKOFF_MS = 2_000
+#: Options of every client channel (``AsyncClient(channel_options=...)`` adds or overrides).
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +112,52 @@ def _channel_args(
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    #: Tries in all, the first included.
-    attempts: int = 6
-    #: First pause, in seconds; doubles each time, with full jitter.
-    base_s: float = 0.05
+    """How a call that failed with a retryable code is tried again.
+
+    Retried: ``UNAVAILABLE`` and ``CANCELLED`` (:data:`RETRYABLE`), and ``RESOURCE_EXHAUSTED``
+    after the delay the server gives only when ``retry_resource_exhausted`` is set. Tries go
+    on until one succeeds, fails otherwise, or the budget is spent: ``deadline_s`` seconds
+    from the start of the first try (the last retry starts at the deadline at the latest),
+    or ``attempts`` tries if that is set. Every try of a submit carries the same request_id,
+    so no retry can make a second job.
+
+    The default budget (20 s) outlasts a coordinator restart (5-7 s) plus gRPC's reconnect
+    backoff (at most :data:`MAX_RECONNECT_BACKOFF_MS` on the client's channel).
+    ``RetryPolicy(attempts=1)`` never retries.
+    """
+
+    #: Time budget of a call, in seconds from the start of its first try: no retry starts
+    #: after it. Each try still has the client's ``timeout_s``.
+    deadline_s: float = 20.0
+    #: Most tries in all, the first included; 0: no limit but ``deadline_s``.
+    attempts: int = 0
+    #: First pause, in seconds; doubles after each try up to ``cap_s``. Each pause is drawn
+    #: between half and all of that (jitter: clients that failed together do not retry
+    #: together).
+    base_s: float = 0.1
     cap_s: float = 2.0
+    #: Also retry ``RESOURCE_EXHAUSTED`` (a tenant over its rate or quota) after the delay its
+    #: ``RetryInfo`` detail or ``retry-after-ms`` trailer gives, within the budget. Off: such
+    #: an error goes to the caller at once, whose backpressure it is.
+    retry_resource_exhausted: bool = False
 
     def pause_s(self, attempt: int) -> float:
-        return random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
+        """The pause after try number ``attempt`` (0 for the first) failed retryably."""
+        ceiling = min(self.cap_s, self.base_s * 2 ** min(attempt, 64))
+        return random.uniform(ceiling / 2, ceiling)
+
+    def pause_after(self, exc: grpc.aio.AioRpcError, attempt: int) -> float | None:
+        """The pause before trying again after ``exc`` ended try number ``attempt`` (0 for the
+        first), or None when it is not to be retried (the budget aside)."""
+        code = exc.code()
+        if code in RETRYABLE:
+            return self.pause_s(attempt)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and self.retry_resource_exhausted:
+            delay_ms = retry_delay_ms(exc)
+            if delay_ms is None:
+                return None
+            return delay_ms / 1000 * random.uniform(1.0, 1.1)
+        return None
 
 
 class AsyncClient:
@@ -122,10 +172,14 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         timeout_s: float = 30.0,
         tenant_id: str = "",
+        channel_options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         creds = _channel_args(tls, root_certificates, client_cert)
+        options = list({**dict(CHANNEL_OPTIONS), **dict(channel_options)}.items())
         self.channel = (
-            grpc.aio.secure_channel(target, creds) if creds else grpc.aio.insecure_channel(target)
+            grpc.aio.secure_channel(target, creds, options)
+            if creds
+            else grpc.aio.insecure_channel(target, options)
         )
         self._md = (("authorization", f"Bearer {token}"),)
         self.retry = retry or RetryPolicy()
@@ -146,14 +200,26 @@ class AsyncClient:
         await self.channel.close()
 
     async def _call(self, method: Callable[..., Any], request: Any) -> Any:
-        for attempt in range(self.retry.attempts):
+        """``method(request)``, tried again as ``self.retry`` says; the same request (so the
+        same request_id) every time."""
+        policy = self.retry
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        attempt = 0
+        while True:
             try:
                 return await method(request, metadata=self._md, timeout=self.timeout_s)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE or attempt == self.retry.attempts - 1:
+                pause = policy.pause_after(exc, attempt)
+                attempt += 1
+                left = policy.deadline_s - (loop.time() - started)
+                if pause is None or left <= 0 or 0 < policy.attempts <= attempt:
                     raise
-            await asyncio.sleep(self.retry.pause_s(attempt))
-        raise AssertionError("unreachable")
+                if pause > left:
+                    if exc.code() not in RETRYABLE:
+                        raise  # the server asks for a longer wait than the budget has
+                    pause = left  # one last try, at the deadline
+            await asyncio.sleep(pause)
 
     async def submit(self, handler: str, payload: Any = None, **options: Any) -> Submitted:
         """Submit one job; ``options`` are :func:`job_spec`'s (``queue=``, ``delay_ms=``...)."""
@@ -346,8 +412,31 @@ class Client:
 
 
 def retry_delay_ms(exc: grpc.aio.AioRpcError) -> int | None:
-    """The server's suggested delay of a RESOURCE_EXHAUSTED error, if it gave one."""
+    """The server's suggested delay of a RESOURCE_EXHAUSTED error, if it gave one: the
+    ``RetryInfo`` detail of the status, else the ``retry-after-ms`` trailer."""
+    fallback = None
     for key, value in exc.trailing_metadata() or ():
-        if key == "retry-after-ms":
-            return int(value)
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            delay = _retry_info_ms(value)
+            if delay is not None:
+                return delay
+        elif key == "retry-after-ms":
+            try:
+                fallback = max(0, int(value))
+            except ValueError:
+                continue
+    return fallback
+
+
+def _retry_info_ms(raw: bytes) -> int | None:
+    """The delay of the ``google.rpc.RetryInfo`` detail in a serialized ``google.rpc.Status``."""
+    try:
+        status = status_pb2.Status.FromString(raw)
+    except DecodeError:
+        return None
+    for detail in status.details:
+        info = error_details_pb2.RetryInfo()
+        if detail.Unpack(info):
+            delay: int = info.retry_delay.ToMilliseconds()
+            return max(0, delay)
     return None

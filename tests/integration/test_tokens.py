@@ -11,11 +11,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shardq.common.errors import InvalidArgument
+from shardq.common.errors import InvalidArgument, Unavailable
 from shardq.coordinator import cli
 from shardq.coordinator.tokens import TOKEN_RE, Principal, TokenStore, hash_token
 from shardq.store import db
 from shardq.store.migrate import upgrade
+from tests.support.outage import proxied_database
 
 
 class Clock:
@@ -136,6 +137,53 @@ async def test_the_cache_spares_the_database(store: TokenStore, engine: AsyncEng
     finally:
         sa.event.remove(engine.sync_engine, "before_cursor_execute", count)
     assert len(queries) == 2  # one per distinct token, positive and negative answers alike
+
+
+async def test_while_postgres_is_cut_off_tokens_seen_are_served_from_cache_for_a_bounded_time(
+    engine: AsyncEngine, database_url: str, mono: Clock
+) -> None:
+    async with proxied_database(database_url) as (proxy, proxied_url):
+        cut_engine = db.make_engine(proxied_url)
+        try:
+            # The coordinator's store reaches Postgres through the proxy; the operator's
+            # (revoking) path to the same database is never cut.
+            store = TokenStore(
+                cut_engine, cache_ttl_s=5.0, stale_max_s=60.0, retry_s=1.0, clock=mono
+            )
+            operator = TokenStore(engine)
+            kept_id, kept = await operator.create("tenant", "acme")
+            gone_id, gone = await operator.create("tenant", "globex")
+            _, unseen = await operator.create("tenant", "initech")
+            junk = "sq_0123456789ab_" + "A" * 43
+            assert await store.authenticate(kept) == Principal("tenant", "acme", kept_id)
+            assert await store.authenticate(gone) == Principal("tenant", "globex", gone_id)
+            assert await store.authenticate(junk) is None
+            assert store.lookups == 3
+
+            proxy.cut()
+            assert await operator.revoke(gone_id)
+            mono.now += 5.0  # every cached answer is past its TTL
+            for _ in range(50):
+                assert await store.authenticate(kept) == Principal("tenant", "acme", kept_id)
+                # Revoked, but this store cannot know it yet: the bounded price.
+                assert await store.authenticate(gone) is not None
+                assert await store.authenticate(junk) is None  # a refusal stays a refusal
+                with pytest.raises(Unavailable):
+                    await store.authenticate(unseen)  # valid, but never checked here
+            assert store.lookups == 4  # one failed lookup, then none for retry_s
+
+            mono.now += 56.0  # 61 s after the last successful lookup: past the bound
+            with pytest.raises(Unavailable, match="token-stale-max-s"):
+                await store.authenticate(kept)
+
+            proxy.restore()
+            mono.now += 1.0
+            assert await store.authenticate(kept) == Principal("tenant", "acme", kept_id)
+            assert await store.authenticate(gone) is None  # the revocation, once it can be read
+            assert await store.authenticate(unseen) is not None
+            assert await store.authenticate(junk) is None
+        finally:
+            await cut_engine.dispose()
 
 
 async def test_creating_checks_roles_and_tenants(store: TokenStore) -> None:
