@@ -27,6 +27,7 @@ from shardq.coordinator import convert, limits
 from shardq.coordinator.app import Coordinator
 from shardq.coordinator.assignment import assign
 from shardq.coordinator.errors import Ctx, abort, item_code, shorten, translate
+from shardq.coordinator.metrics import code_name
 from shardq.coordinator.router import PlacedJob, Submitted, TenantStatus, page_offset
 from shardq.shard.client import raise_for_enqueue
 from shardq.shard.codes import ItemCode
@@ -224,6 +225,17 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.SubmitJobRequest, context: Ctx
     ) -> jobs_pb2.SubmitJobResponse:
         tenant = await self.c.tenant_of(context, request.tenant_id)
+        try:
+            response = await self._submit_job(tenant, request)
+        except Exception as exc:
+            self.c.submit_metrics.count(tenant, 0, 0, {code_name(exc): 1})
+            raise
+        self.c.submit_metrics.one(tenant, response.deduplicated)
+        return response
+
+    async def _submit_job(
+        self, tenant: str, request: jobs_pb2.SubmitJobRequest
+    ) -> jobs_pb2.SubmitJobResponse:
         if not request.HasField("job"):
             raise InvalidArgument("required", field="job")
         (outcome,) = await self._submit(tenant, [request.job], coalesce=True)
@@ -243,11 +255,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         tenant = await self.c.tenant_of(context, request.tenant_id)
         limit = self.c.settings.max_batch_jobs
         if len(request.jobs) > limit:
+            self.c.submit_metrics.count(tenant, 0, 0, {"INVALID_ARGUMENT": len(request.jobs)})
             raise InvalidArgument(
                 f"{len(request.jobs)} jobs is over the {limit} limit", field="jobs"
             )
-        outcomes = await self._submit(tenant, list(request.jobs), coalesce=False)
-        return jobs_pb2.SubmitJobsResponse(
+        try:
+            outcomes = await self._submit(tenant, list(request.jobs), coalesce=False)
+        except Exception as exc:
+            self.c.submit_metrics.count(tenant, 0, 0, {code_name(exc): len(request.jobs)})
+            raise
+        response = jobs_pb2.SubmitJobsResponse(
             items=[
                 _item_error(i, o)
                 if isinstance(o, ShardqError)
@@ -255,6 +272,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 for i, o in enumerate(outcomes)
             ]
         )
+        self.c.submit_metrics.items(tenant, response.items)
+        return response
 
     @unary
     async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Ctx) -> common_pb2.Job:
@@ -521,14 +540,16 @@ class WorkerService(workers_pb2_grpc.WorkerServiceServicer):
             previous.put_nowait(None)  # a reconnect replaces the old stream
         await registry.join(worker_id, info)
         self._nudge()
-        last: tuple[tuple[int, tuple[str, ...]], ...] | None = None
+        last: tuple[tuple[int, str, tuple[str, ...]], ...] | None = None
         try:
             while self._streams.get(worker_id) is queue:
                 m = self.c.shard_map
                 live = registry.snapshot()
                 mine = tuple(assign(m.shards, live).get(worker_id, {}).items())
-                if mine != last:
-                    last = mine
+                # With the addresses: a shard re-pointed elsewhere is news to its workers.
+                sent = tuple((s, m.shards[s].address, queues) for s, queues in mine)
+                if sent != last:
+                    last = sent
                     yield workers_pb2.Assignment(
                         map_version=m.version,
                         shards=[

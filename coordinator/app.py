@@ -14,12 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shardq.common import validation
 from shardq.common.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 from shardq.coordinator import limits, tokens
 from shardq.coordinator.errors import Ctx
+from shardq.coordinator.health import DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S, ReadinessChecker
+from shardq.coordinator.metrics import RpcMetrics, SubmitMetrics
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.registry import WorkerRegistry
 from shardq.coordinator.router import ShardPool, TenantRouter
@@ -85,6 +88,13 @@ class CoordinatorSettings:
     worker_refresh_s: float = 1.0
     #: The shards' data-plane settings (key prefix, dedupe window, payload limit...).
     shard: ShardSettings = field(default_factory=ShardSettings)
+    #: Tenants with a label of their own on the submit metrics, the busiest this many; the
+    #: rest count as ``other`` (``--metrics-top-tenants``; 0: no tenant label at all).
+    metrics_top_tenants: int = 0
+    #: Seconds between two readiness checks of Postgres and the shards (coordinator.health).
+    health_interval_s: float = DEFAULT_INTERVAL_S
+    #: Seconds one readiness check (SELECT 1, a shard's PING) may take before it fails.
+    health_timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -119,14 +129,29 @@ class Coordinator:
         )
         #: Reads of results (GetJob, WatchJob), each bounded by RESULT_READ_TIMEOUT_S.
         self._reads = db.Uncancellable()
+        #: /metrics of the front door: every RPC (an interceptor) and what submits became.
+        self.metrics_registry = CollectorRegistry()
+        self.rpc_metrics = RpcMetrics(self.metrics_registry)
+        self.submit_metrics = SubmitMetrics(self.metrics_registry, settings.metrics_top_tenants)
+        #: Readiness (gRPC health, /readyz), checked in the background.
+        self.readiness = ReadinessChecker(
+            self.engine,
+            lambda: self.shard_map,
+            self.pool,
+            postgres_grace_s=max(settings.token_stale_max_s, settings.token_cache_ttl_s),
+            interval_s=settings.health_interval_s,
+            timeout_s=settings.health_timeout_s,
+        )
 
     async def start(self) -> None:
         self.registry.start()
         await self.follower.start()
         self.pool.update(self.follower.current)
         self.follower.on_change(self.pool.update)
+        await self.readiness.start()
 
     async def stop(self) -> None:
+        await self.readiness.stop()
         await self.registry.stop()
         await self.follower.stop()
         await self.pool.close()
@@ -193,7 +218,9 @@ class Coordinator:
     ) -> Principal:
         principal = await self.authenticate(context)
         if principal.role not in roles:
-            raise PermissionDenied(f"this call needs a {' or '.join(roles)} token")
+            needed = " or ".join(roles)
+            article = "an" if needed[0] in "aeiou" else "a"
+            raise PermissionDenied(f"this call needs {article} {needed} token")
         return principal
 
     async def result_of(self, tenant: str, request_id: str) -> bytes | None:

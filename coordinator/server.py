@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import ProcessCollector
 
 from shardq.common import config
 from shardq.common.ops_http import OpsServer
@@ -41,6 +41,10 @@ SERVICE_NAMES = (
 )
 
 
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
 def _credentials(s: CoordinatorSettings) -> grpc.ServerCredentials | None:
     if not s.tls_cert_file and not s.tls_key_file:
         return None
@@ -58,6 +62,8 @@ async def build_server(
     coord = Coordinator(settings)
     await coord.start()
     server = grpc.aio.server(
+        # Counts and times every call (coordinator.metrics; its cost: docs/operating.md).
+        interceptors=[coord.rpc_metrics],
         options=[
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.keepalive_permit_without_calls", 1),
@@ -65,7 +71,7 @@ async def build_server(
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-        ]
+        ],
     )
     api.add_services(server, coord)
     health_servicer = health.aio.HealthServicer()
@@ -76,8 +82,16 @@ async def build_server(
         port = server.add_insecure_port(settings.listen)
     else:
         port = server.add_secure_port(settings.listen, creds)
-    for name in (*SERVICE_NAMES, ""):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def follow_readiness(ready: bool) -> None:
+        # "" (the whole server, what a Kubernetes grpc probe asks) and each service alike:
+        # every service needs the same shards and database (coordinator.health).
+        status = SERVING if ready else NOT_SERVING
+        for name in (*SERVICE_NAMES, ""):
+            await health_servicer.set(name, status)
+
+    await follow_readiness(coord.readiness.ready)
+    coord.readiness.on_change(follow_readiness)
     return server, port, coord, health_servicer
 
 
@@ -120,7 +134,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "refuse a submit whose handler no live worker of its queue has (FAILED_PRECONDITION)",
     )
     config.add(p, "--max-payload-bytes", 1_048_576, "largest payload accepted", int)
-    config.add(p, "--metrics-port", 9090, "HTTP port for /metrics and /healthz (-1: off)", int)
+    config.add(
+        p, "--metrics-port", 9090, "HTTP port for /metrics, /healthz and /readyz (-1: off)", int
+    )
+    config.add(
+        p,
+        "--metrics-top-tenants",
+        0,
+        "tenants with their own label on the submit metrics, the busiest N (0: no tenant label)",
+        int,
+    )
     config.add(p, "--shutdown-grace-s", 10.0, "time in-flight calls get on SIGTERM", float)
     config.add_log_level(p)
     return p.parse_args(argv)
@@ -153,6 +176,8 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         submit_rate_per_s=args.rate_per_s,
         submit_burst=args.submit_burst,
     )
+    if args.metrics_top_tenants < 0:
+        raise SystemExit("shardq-coordinator: --metrics-top-tenants must be 0 or more")
     for flag in ("token_cache_ttl_s", "token_stale_max_s"):
         if not getattr(args, flag) >= 0:  # also NaN
             name = "--" + flag.replace("_", "-")
@@ -174,6 +199,7 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         reject_unknown_handlers=args.reject_unknown_handlers,
         token_cache_ttl_s=args.token_cache_ttl_s,
         token_stale_max_s=args.token_stale_max_s,
+        metrics_top_tenants=args.metrics_top_tenants,
         shard=ShardSettings(key_prefix=args.key_prefix, max_payload_bytes=args.max_payload_bytes),
     )
 
@@ -185,10 +211,15 @@ async def serve(args: argparse.Namespace) -> None:
     ops = None
     if args.metrics_port >= 0:
         # Plain-HTTP health beside the gRPC one: kubelet gRPC probes cannot speak TLS.
-        registry = CollectorRegistry()
-        ProcessCollector(registry=registry)
-        ops = OpsServer(registry, lambda: (True, {"map_version": coord.shard_map.version}))
+        # /healthz is liveness (the event loop answers); /readyz is the checker's answer.
+        ProcessCollector(registry=coord.metrics_registry)
+        ops = OpsServer(
+            coord.metrics_registry,
+            lambda: (True, {"map_version": coord.shard_map.version}),
+            ready=coord.readiness.report,
+        )
         await ops.start(args.metrics_port)
+        log.info("ops endpoint (/metrics, /healthz, /readyz) on port %d", ops.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

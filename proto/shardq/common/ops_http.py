@@ -1,4 +1,5 @@
-"""A tiny HTTP endpoint for operators: ``/metrics`` (Prometheus text) and ``/healthz`` (JSON).
+"""A tiny HTTP endpoint for operators: ``/metrics`` (Prometheus text), ``/healthz`` (JSON,
+liveness) and, where the program defines readiness, ``/readyz`` (JSON).
 
 Shared by the shard loop, the worker and the coordinator; asyncio-native so it needs no
 thread and no web framework.
@@ -17,13 +18,24 @@ HealthFn = Callable[[], tuple[bool, dict[str, Any]]]
 
 
 class OpsServer:
-    """Serves the registry at /metrics and ``health()`` at /healthz (200 when healthy, else 503)."""
+    """Serves the registry at /metrics, ``health()`` at /healthz and ``ready()`` at /readyz
+    (each 200 when it says yes, else 503; /readyz is 404 for a program without ``ready``).
+
+    Both functions are called on the event loop for each request, so they must be cheap: the
+    coordinator's ``ready`` returns what its background checker found last, and /healthz
+    answering at all shows the loop is not stuck (liveness).
+    """
 
     def __init__(
-        self, registry: CollectorRegistry, health: HealthFn, host: str = "0.0.0.0"
+        self,
+        registry: CollectorRegistry,
+        health: HealthFn,
+        host: str = "0.0.0.0",
+        ready: HealthFn | None = None,
     ) -> None:
         self.registry = registry
         self.health = health
+        self.ready = ready
         self.host = host
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -45,8 +57,10 @@ class OpsServer:
             path = request.split(b" ", 2)[1].split(b"?")[0] if b" " in request else b"/"
             if path == b"/metrics":
                 status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
-            elif path == b"/healthz":
-                ok, detail = self.health()
+            elif path == b"/healthz" or (path == b"/readyz" and self.ready is not None):
+                check = self.health if path == b"/healthz" else self.ready
+                assert check is not None
+                ok, detail = check()
                 status, ctype = (200 if ok else 503), "application/json"
                 body = json.dumps(detail).encode()
             else:
