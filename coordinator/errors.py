@@ -18,6 +18,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse, RedisError
 from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -46,21 +47,56 @@ CODES: dict[type[e.ShardqError], grpc.StatusCode] = {
 RETRY_AFTER_KEY = "retry-after-ms"
 
 
+#: Set on an error a shard's Redis raised (``coordinator.router.ShardRedis``): the shard's ID
+#: and address, so the client is told which shard ("shard 2 unreachable") and the log where.
+SHARD_ID_ATTR = "shardq_shard_id"
+SHARD_ADDRESS_ATTR = "shardq_shard_address"
+
+
+def shard_named(exc: BaseException) -> str:
+    """The words for the shard an error is tagged with ("shard 2"), else "a shard"."""
+    shard_id = getattr(exc, SHARD_ID_ATTR, None)
+    return "a shard" if shard_id is None else f"shard {shard_id}"
+
+
 def translate(exc: BaseException) -> e.ShardqError:
     """Any exception as the ShardqError a client should see."""
     if isinstance(exc, e.ShardqError):
         return exc
-    # Only network errors: another OSError (a file that cannot be opened) is a bug, not a
-    # shard that is down, and must not tell the client to retry.
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError | TimeoutError):
-        return e.Unavailable(f"a shard cannot be reached: {exc}")
     if isinstance(exc, RedisResponseError) and str(exc).startswith("OOM"):
         return e.ResourceExhausted("the shard is out of memory", retry_after_ms=5_000)
+    shard = _shard_error(exc)
+    if shard is not None:
+        return shard
     if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
         return e.Unavailable("the database cannot be reached")
     if isinstance(exc, psycopg.OperationalError):
         return e.Unavailable("the database cannot be reached")
     raise exc
+
+
+def _shard_error(exc: BaseException) -> e.Unavailable | None:
+    """A shard that cannot be reached, or is not in a state to answer, else None.
+
+    Only network errors: another OSError (a file that cannot be opened) is a bug, not a shard
+    that is down, and must not tell the client to retry. A Redis error of any other kind (a
+    protocol error from something that is not Redis, READONLY from a replica, MISCONF) is the
+    shard's state too, not the request's. The address stays in the log: clients are not told
+    where the cluster's internals live.
+    """
+    where = shard_named(exc)
+    tagged = getattr(exc, SHARD_ID_ATTR, None) is not None
+    address = getattr(exc, SHARD_ADDRESS_ATTR, "?")
+    unreachable = RedisConnectionError | RedisTimeoutError | InvalidResponse
+    if isinstance(exc, unreachable | ConnectionError | TimeoutError):
+        if not tagged:
+            return e.Unavailable("a shard cannot be reached")
+        log.warning("%s (%s) unreachable: %s", where, address, exc)
+        return e.Unavailable(f"{where} unreachable")
+    if isinstance(exc, RedisError) and tagged:
+        log.warning("%s (%s) answered with an error: %r", where, address, exc)
+        return e.Unavailable(f"{where} unavailable: it answered with an error")
+    return None
 
 
 def item_code(exc: e.ShardqError) -> int:

@@ -24,13 +24,18 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from shardq.common.redis import redis_for
+from redis.exceptions import RedisError
+
+from shardq.common.errors import ShardqError
+from shardq.coordinator.errors import SHARD_ADDRESS_ATTR, SHARD_ID_ATTR
 from shardq.coordinator.placement import ShardInfo, ShardMap, TenantMove
+from shardq.coordinator.router import ShardRedis
 from shardq.coordinator.shardmap import ShardMapStore
 from shardq.shard.client import ShardClient
 from shardq.shard.models import ShardSettings
-from shardq.shard.moving import ShardSide, fence_map
+from shardq.shard.moving import ShardSide, copy_started, fence_map
 from shardq.shard.records import FINISHED_STATES
 
 log = logging.getLogger("shardq.coordinator.mover")
@@ -46,13 +51,15 @@ class RedisShards:
     def __init__(self, password: str = "", settings: ShardSettings | None = None) -> None:
         self.password = password
         self.settings = settings or ShardSettings()
-        self._clients: dict[str, ShardClient] = {}
+        self._clients: dict[tuple[int, str], ShardClient] = {}
 
     def client(self, info: ShardInfo) -> ShardClient:
-        found = self._clients.get(info.address)
+        """The shard's client; its errors name the shard (``ShardRedis``)."""
+        found = self._clients.get((info.shard_id, info.address))
         if found is None:
-            found = ShardClient(redis_for(info.address, self.password), self.settings)
-            self._clients[info.address] = found
+            redis = ShardRedis.open(info.shard_id, info.address, self.password)
+            found = ShardClient(redis, self.settings)
+            self._clients[(info.shard_id, info.address)] = found
         return found
 
     async def fence(self, info: ShardInfo, version: int, undo: bool = False) -> None:
@@ -61,10 +68,47 @@ class RedisShards:
     async def tenants(self, info: ShardInfo) -> list[str]:
         return await self.client(info).tenants()
 
+    async def copy_started(self, info: ShardInfo, tenant: str) -> bool:
+        return await copy_started(self.client(info), tenant)
+
     async def close(self) -> None:
         for c in self._clients.values():
             await c.redis.aclose()
         self._clients.clear()
+
+
+class MovesFailed(Exception):
+    """Some moves stopped on an error (a shard that cannot be reached): one line that names
+    the shards and the tenants. What they did is kept; ``moves run`` resumes them."""
+
+    def __init__(
+        self, moves: Sequence[TenantMove], results: Sequence[MoveReport | BaseException]
+    ) -> None:
+        errors = [(m, r) for m, r in zip(moves, results, strict=True)
+                  if isinstance(r, BaseException)]  # fmt: skip
+        self.errors = errors
+        for _, exc in errors:
+            # A cancellation is no failed move, and an unexpected error is a bug to show.
+            if not isinstance(exc, RedisError | OSError | ShardqError):
+                raise exc
+        by_cause: dict[str, list[str]] = {}
+        for move, exc in errors:
+            by_cause.setdefault(describe_shard_error(exc), []).append(move.tenant_id)
+        parts = [f"{cause} (moves of {', '.join(ts[:5])}{', ...' if len(ts) > 5 else ''})"
+                 for cause, ts in by_cause.items()]  # fmt: skip
+        super().__init__(
+            f"{len(errors)} of {len(moves)} moves stopped: {'; '.join(parts)}; "
+            "`shardq moves run` resumes them, `shardq moves abort` undoes those not yet copying"
+        )
+
+
+def describe_shard_error(exc: BaseException) -> str:
+    """One line on why a move stopped, naming the shard (and its address: operators only)."""
+    shard_id = getattr(exc, SHARD_ID_ATTR, None)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if shard_id is None:
+        return text
+    return f"shard {shard_id} ({getattr(exc, SHARD_ADDRESS_ATTR, '?')}) unreachable: {text}"
 
 
 @dataclass
@@ -108,13 +152,23 @@ class Mover:
             async with gate:
                 return await self.move(move, smap)
 
-        return list(await asyncio.gather(*(one(m) for m in moves)))
+        # Every move runs to its end or its error: a shard that cannot be reached stops the
+        # moves that need it, not the others (each is resumable where it stopped).
+        results = await asyncio.gather(*(one(m) for m in moves), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise MovesFailed(moves, results)
+        return [r for r in results if isinstance(r, MoveReport)]
 
     async def move(self, move: TenantMove, smap: ShardMap) -> MoveReport:
         started = time.monotonic()
         report = MoveReport(move.tenant_id, move.from_shard_id, move.to_shard_id)
         src = ShardSide(self.shards.client(smap.shards[move.from_shard_id]), move.tenant_id)
         dst = ShardSide(self.shards.client(smap.shards[move.to_shard_id]), move.tenant_id)
+        # Reach the target before taking anything off the source: against a target that is
+        # down the move stops untouched, and `moves abort` can still undo it.
+        target: Any = dst.shard.redis  # redis-py types ping() as "Awaitable | bool"
+        await target.ping()
         # The tenant's limits and pauses first, so the target enforces them on its first job.
         await dst.adopt_controls(await src.controls())
         deadline = time.monotonic() + self.active_wait_s

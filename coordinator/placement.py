@@ -130,6 +130,15 @@ class ShardMap:
                 start = slot
         return ranges
 
+    def owns_nothing(self, shard_id: int) -> bool:
+        """No slot or pin sends work to ``shard_id`` and no move involves it (drained)."""
+        return (
+            shard_id not in self.slots
+            and not self.tenants_pinned_to(shard_id)
+            and not self.tenants_moving_from(shard_id)
+            and not self.tenants_moving_to(shard_id)
+        )
+
     def tenants_pinned_to(self, shard_id: int) -> list[str]:
         return sorted(t for t, s in self.pins.items() if s == shard_id)
 

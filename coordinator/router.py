@@ -18,7 +18,10 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from shardq.common.errors import (
     AlreadyExists,
@@ -29,6 +32,7 @@ from shardq.common.errors import (
 )
 from shardq.common.redis import redis_for
 from shardq.coordinator.coalesce import Coalescer
+from shardq.coordinator.errors import SHARD_ADDRESS_ATTR, SHARD_ID_ATTR
 from shardq.coordinator.limits import overlay
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.shardmap import ShardMapFollower
@@ -55,6 +59,55 @@ STATUS_CONCURRENCY = 32
 T = TypeVar("T")
 
 
+def _tag(exc: BaseException, shard_id: int, address: str) -> None:
+    if getattr(exc, SHARD_ID_ATTR, None) is None:
+        setattr(exc, SHARD_ID_ATTR, shard_id)
+        setattr(exc, SHARD_ADDRESS_ATTR, address)
+
+
+class _ShardPipeline(Pipeline):
+    shard_id: int
+    address: str
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return await super().execute(raise_on_error)
+        except Exception as exc:
+            _tag(exc, self.shard_id, self.address)
+            raise
+
+
+class ShardRedis(Redis):
+    """A shard's Redis (opened by ``redis_for``) whose errors carry the shard's ID and address
+    (``coordinator.errors.SHARD_ID_ATTR``): the client is told "shard 2 unreachable", the
+    operator's log and CLI say where. The errors keep their type: nothing that catches them
+    changes."""
+
+    shard_id: int
+    address: str
+
+    @classmethod
+    def open(cls, shard_id: int, address: str, password: str) -> ShardRedis:
+        client = cls(connection_pool=redis_for(address, password).connection_pool)
+        client.auto_close_connection_pool = True  # aclose() closes the pool: it is ours
+        client.shard_id, client.address = shard_id, address
+        return client
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            _tag(exc, self.shard_id, self.address)
+            raise
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        pipe = _ShardPipeline(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+        pipe.shard_id, pipe.address = self.shard_id, self.address
+        return pipe
+
+
 class ShardPool:
     """One ShardClient (and submit coalescer) per shard of the current map."""
 
@@ -64,13 +117,21 @@ class ShardPool:
         self._clients: dict[int, tuple[str, ShardClient, Coalescer]] = {}
 
     def update(self, smap: ShardMap) -> None:
+        """Follow ``smap``: a client for each new shard, a new client for a shard whose address
+        changed, and none for a shard that left the map (the old clients are closed)."""
+        old: list[tuple[str, ShardClient, Coalescer]] = []
+        for shard_id in self._clients.keys() - smap.shards.keys():
+            old.append(self._clients.pop(shard_id))
         for shard_id, info in smap.shards.items():
             current = self._clients.get(shard_id)
             if current is None or current[0] != info.address:
-                client = ShardClient(redis_for(info.address, self.redis_password), self.settings)
+                redis = ShardRedis.open(shard_id, info.address, self.redis_password)
+                client = ShardClient(redis, self.settings)
                 self._clients[shard_id] = (info.address, client, Coalescer(client))
                 if current is not None:
-                    asyncio.get_running_loop().create_task(_close(current[1], current[2]))
+                    old.append(current)
+        for _, client, coalescer in old:
+            asyncio.get_running_loop().create_task(_close(client, coalescer))
 
     def get(self, shard_id: int) -> tuple[ShardClient, Coalescer]:
         try:

@@ -24,6 +24,7 @@ from typing import Protocol
 import psycopg
 import sqlalchemy as sa
 from psycopg.rows import TupleRow
+from redis.exceptions import RedisError
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import SQLAlchemyError
@@ -31,11 +32,19 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shardq.common import validation
 from shardq.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from shardq.common.placement import SHARD_STATES, SLOT_COUNT
+from shardq.common.placement import SHARD_STATES, SLOT_COUNT, slot_of
 from shardq.coordinator.placement import ShardInfo, ShardMap, TenantMove, balance_slots
+from shardq.coordinator.shardcheck import AddressChange
 from shardq.store import db
 
 log = logging.getLogger("shardq.coordinator.shardmap")
+
+#: What reaching a shard's Redis can raise: it is down, or not Redis at all.
+SHARD_ERRORS = (RedisError, OSError, TimeoutError)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class MapNotInitialized(FailedPrecondition):
@@ -46,8 +55,8 @@ class MapChangeRefused(FailedPrecondition, ValueError):
     """A well-formed change the map cannot take now (e.g. removing shards that own slots)."""
 
 
-def _check_address(address: object, index: int) -> str:
-    field = f"addresses[{index}]"
+def _check_address(address: object, index: int, field: str = "") -> str:
+    field = field or f"addresses[{index}]"
     if not isinstance(address, str):
         raise InvalidArgument("must be a host:port string", field=field)
     host, sep, port = address.rpartition(":")
@@ -68,6 +77,17 @@ class Preview(Exception):
         self.after = after
 
 
+class AddressChecks(Protocol):
+    """What a change that introduces addresses asks first (``coordinator.shardcheck``)."""
+
+    async def check(self, changes: Sequence[AddressChange], *, mark: bool) -> None:
+        """Refuse (AddressRefused) unless every address may be used; ``mark``: then write
+        each one's shard identity."""
+
+    async def mark(self, address: str, shard_id: int) -> None:
+        """Write the address's shard identity (refused if it holds another shard's)."""
+
+
 class ShardDirectory(Protocol):
     """What a placement change needs from the shards themselves (``coordinator.mover``)."""
 
@@ -76,6 +96,9 @@ class ShardDirectory(Protocol):
 
     async def tenants(self, info: ShardInfo) -> list[str]:
         """Every tenant that has or had jobs on the shard."""
+
+    async def copy_started(self, info: ShardInfo, tenant: str) -> bool:
+        """Whether a move of ``tenant`` off this (source) shard has taken anything yet."""
 
 
 class ShardMapStore:
@@ -86,9 +109,19 @@ class ShardMapStore:
     ``init``) only the placement changes.
     """
 
-    def __init__(self, engine: AsyncEngine, directory: ShardDirectory | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        directory: ShardDirectory | None = None,
+        checks: AddressChecks | None = None,
+    ) -> None:
         self._engine = engine
         self._directory = directory
+        #: Given, every new or changed address is checked before the change commits (and
+        #: marked with its shard's ID); without (tests of the map alone) none is.
+        self._checks = checks
+        #: Addresses the change in progress checked, marked just before it commits.
+        self._to_mark: list[AddressChange] = []
         #: When set, a change goes as far as computing its result (and its moves), then rolls
         #: back with :class:`Preview`: what ``shardq`` shows before asking.
         self.preview = False
@@ -143,6 +176,11 @@ class ShardMapStore:
                     f"the map has {len(existing)} shards and {len(checked)} addresses were "
                     "given: removing shards is not supported (drain them first)"
                 )
+            await self._check_addresses(
+                before,
+                [(sid, a) for sid, a in enumerate(checked)
+                 if sid not in existing or existing[sid].address != a],
+            )  # fmt: skip
             changed = False
             for shard_id, address in enumerate(checked):
                 old = existing.get(shard_id)
@@ -167,6 +205,44 @@ class ShardMapStore:
                 changed = True
             changed |= await self._rebalance(conn, before, existing)
             return await self._commit(conn, version, changed, before, fenced)
+
+    async def set_address(self, shard_id: int, address: str) -> ShardMap:
+        """Point shard ``shard_id`` at another Redis that holds its data (a re-point: the
+        Redis moved, its data with it); no job moves. The new address must pass the checks
+        and carry this shard's identity, unless the shard owns nothing (drained)."""
+        address = _check_address(address, 0, "address")
+        async with self._changing() as (conn, version, fenced):
+            before = await self._require(conn, version)
+            old = before.shards.get(shard_id)
+            if old is None:
+                raise NotFound(f"no shard {shard_id}", field="shard_id")
+            if old.address == address:
+                return before
+            for other in before.shards.values():
+                if other.address == address:
+                    raise InvalidArgument(
+                        f"shard {other.shard_id} is at {address}", field="address"
+                    )
+            await self._check_addresses(before, [(shard_id, address)])
+            await conn.execute(
+                sa.update(db.shards).where(db.shards.c.shard_id == shard_id).values(address=address)
+            )
+            return await self._commit(conn, version, True, before, fenced)
+
+    async def _check_addresses(
+        self, before: ShardMap | None, changes: Sequence[tuple[int, str]]
+    ) -> None:
+        """Check (and unless previewing, mark) ``(shard_id, address)`` pairs, each a new
+        shard or an existing shard's new address; a refusal ends the change uncommitted."""
+        if self._checks is None or not changes:
+            return
+        todo = []
+        for shard_id, address in changes:
+            repoint = before is not None and shard_id in before.shards
+            emptied = before is None or not repoint or before.owns_nothing(shard_id)
+            todo.append(AddressChange(shard_id, address, repoint=repoint, emptied=emptied))
+        await self._checks.check(todo, mark=False)
+        self._to_mark += todo
 
     async def set_weight(self, shard_id: int, weight: int) -> ShardMap:
         """Change a shard's share of slots and move the fewest slots to match; 0 empties it."""
@@ -228,10 +304,13 @@ class ShardMapStore:
             raise MapChangeRefused("shard IDs are not 0..N-1: use `shards sync`")
         return await self.sync_shards([*addresses, address], [*weights, weight])
 
-    async def remove_shard(self, shard_id: int) -> ShardMap:
-        """Take an emptied shard out of the map: it must own no slot or pin, take part in no
-        move, and (given a directory) hold no tenant. Only the highest ID can go, so shard
-        IDs stay 0..N-1."""
+    async def remove_shard(self, shard_id: int, *, forget_unreachable: bool = False) -> ShardMap:
+        """Take an empty shard out of the map: it must have no pin, take part in no move, and
+        (given a directory) hold no tenant; the slots it still owns go to the others in the
+        same change. Only the highest ID can go, so shard IDs stay 0..N-1.
+
+        ``forget_unreachable``: a shard that cannot be reached is taken out unchecked (a
+        mistyped ``shards add`` that never received a job); any job it holds is lost."""
         async with self._changing() as (conn, version, fenced):
             before = await self._require(conn, version)
             info = before.shards.get(shard_id)
@@ -239,21 +318,111 @@ class ShardMapStore:
                 raise NotFound(f"no shard {shard_id}", field="shard_id")
             if shard_id != max(before.shards):
                 raise MapChangeRefused(f"only the last shard ({max(before.shards)}) can be removed")
+            if len(before.shards) == 1:
+                raise MapChangeRefused("the last shard of the map cannot be removed")
             busy = []
-            if before.slot_counts().get(shard_id):
-                busy.append(f"owns {before.slot_counts()[shard_id]} slots (drain it first)")
             if before.tenants_pinned_to(shard_id):
                 busy.append(f"has pinned tenants {before.tenants_pinned_to(shard_id)}")
             if before.tenants_moving_from(shard_id) or before.tenants_moving_to(shard_id):
-                busy.append("takes part in moves still in progress (`shardq moves run`)")
+                busy.append("takes part in moves still in progress (`shardq moves run`, or "
+                            "`shardq moves abort`)")  # fmt: skip
             if not busy and self._directory is not None:
-                left = await self._directory.tenants(info)
+                try:
+                    left = await self._directory.tenants(info)
+                except SHARD_ERRORS as exc:
+                    if not forget_unreachable:
+                        raise MapChangeRefused(
+                            f"shard {shard_id} ({info.address}) cannot be reached "
+                            f"({_one_line(exc)}): cannot tell that it holds no jobs "
+                            "(`--forget-unreachable` removes it anyway, losing any it holds)"
+                        ) from None
+                    log.warning("removing unreachable shard %d (%s)", shard_id, info.address)
+                    left = []
                 if left:
-                    busy.append(f"still holds tenants {left[:10]}")
+                    busy.append(f"still holds tenants {left[:10]} (drain it first)")
             if busy:
                 raise MapChangeRefused(f"shard {shard_id} cannot be removed: " + "; ".join(busy))
+            remaining = {sid: i for sid, i in before.shards.items() if sid != shard_id}
+            await self._rebalance(conn, before, remaining)
             await conn.execute(sa.delete(db.shards).where(db.shards.c.shard_id == shard_id))
             return await self._commit(conn, version, True, before, fenced)
+
+    async def abort_moves(self, tenants: Sequence[str] | None = None) -> ShardMap:
+        """Undo the moves in progress (``tenants``' only, if given) that have not copied
+        anything yet: each tenant is placed on its source again (its slot, or a pin) and its
+        move mark dropped. Refused, naming them, when a move has started copying or its
+        target already holds jobs of the tenant (submitted since): those must run.
+
+        The sources' fences need no undoing: they refuse maps older than the change, and
+        this one is newer. A target that cannot be reached cannot have taken jobs since it
+        went away; what it took before is left there (see docs/operating.md)."""
+        if self._directory is None:
+            raise FailedPrecondition("aborting moves needs the shards (not --map-only)")
+        async with self._changing() as (conn, version, _):
+            before = await self._require(conn, version)
+            unknown = sorted(set(tenants or ()) - set(before.moves))
+            if unknown:
+                raise NotFound(f"no move in progress for {', '.join(unknown)}", field="tenant_id")
+            moves = [m for t, m in sorted(before.moves.items()) if tenants is None or t in tenants]
+            if not moves:
+                return before
+            await self._refuse_started(before, moves)
+            slots: dict[int, int] = {}
+            for move in moves:
+                tenant, source = move.tenant_id, move.from_shard_id
+                slot = slot_of(tenant)
+                owner = slots.get(slot, before.slots[slot])
+                if tenant not in before.pins and owner == move.to_shard_id and (slot not in slots):
+                    slots[slot] = source  # the slot was what moved: it goes back
+                elif slots.get(slot, before.slots[slot]) == source:
+                    await conn.execute(sa.delete(db.pins).where(db.pins.c.tenant_id == tenant))
+                else:
+                    await self._write_pin(conn, tenant, source)
+            if slots:
+                await self._write_slots(conn, sorted(slots.items()))
+            await conn.execute(
+                sa.delete(db.moves).where(db.moves.c.tenant_id.in_([m.tenant_id for m in moves]))
+            )
+            new_version = await self._bump(conn, version)
+            after = await self._read(conn, new_version)
+            assert after is not None
+            return after
+
+    async def _refuse_started(self, smap: ShardMap, moves: Sequence[TenantMove]) -> None:
+        """Refuse (naming the tenants) unless no move of ``moves`` has begun."""
+        assert self._directory is not None
+        started, held = [], []
+        on_target: dict[int, set[str] | None] = {}
+        for move in moves:
+            source = smap.shards[move.from_shard_id]
+            try:
+                if await self._directory.copy_started(source, move.tenant_id):
+                    started.append(move.tenant_id)
+            except SHARD_ERRORS as exc:
+                raise MapChangeRefused(
+                    f"shard {source.shard_id} ({source.address}) cannot be reached "
+                    f"({_one_line(exc)}): cannot tell whether copying started"
+                ) from None
+            target = smap.shards[move.to_shard_id]
+            if target.shard_id not in on_target:
+                try:
+                    on_target[target.shard_id] = set(await self._directory.tenants(target))
+                except SHARD_ERRORS as exc:
+                    log.info("shard %d (%s) unreachable while aborting moves to it: %s",
+                                target.shard_id, target.address, exc)  # fmt: skip
+                    on_target[target.shard_id] = None
+            if move.tenant_id in (on_target[target.shard_id] or ()):
+                held.append(move.tenant_id)
+        if started:
+            raise MapChangeRefused(
+                f"copying has started for tenants {', '.join(started)}: those moves cannot be "
+                "aborted, let them finish (`shardq moves run`)"
+            )
+        if held:
+            raise MapChangeRefused(
+                f"tenants {', '.join(held)} already have jobs on their target shard: those "
+                "moves cannot be aborted, let them finish (`shardq moves run`)"
+            )
 
     async def place(self, slots: Mapping[int, int], pins: Mapping[str, int]) -> ShardMap:
         """Give ``slots`` (slot -> shard) and pin ``pins`` (tenant -> shard) in one change: a
@@ -294,6 +463,7 @@ class ShardMapStore:
         """One map-changing transaction: the version row locked, and the shards fenced on the
         way (``_start_moves``) unfenced again if the change does not commit."""
         fenced: list[ShardInfo] = []
+        self._to_mark = []
         try:
             async with self._engine.begin() as conn:
                 version = await self._lock(conn)
@@ -326,7 +496,9 @@ class ShardMapStore:
         if self._directory is None:
             return
         rows = []
-        for shard_id in sorted(before.losing_shards(after)):
+        # A shard the change removes was found empty first (``remove_shard``): nothing to
+        # fence or move, and it may be unreachable.
+        for shard_id in sorted(before.losing_shards(after) & set(after.shards)):
             info = before.shards[shard_id]
             if not self.preview:
                 await self._directory.fence(info, version + 1)
@@ -377,6 +549,10 @@ class ShardMapStore:
             after = await self._read(conn, version + 1)
             assert after is not None
             raise Preview(after)
+        if self._checks is not None:
+            # Last, so a change refused on the way leaves no marker behind.
+            for change in self._to_mark:
+                await self._checks.mark(change.address, change.shard_id)
         new_version = await self._bump(conn, version)
         after = await self._read(conn, new_version)
         assert after is not None  # the transaction just wrote it

@@ -229,3 +229,30 @@ async def fence_map(shard: ShardClient, version: int, undo: bool = False) -> int
     """Raise the shard's map fence to ``version`` (or take that raise back)."""
     args = [version, "undo" if undo else "raise"]
     return int(await shard._run("map_fence", [], args))
+
+
+async def copy_started(shard: ShardClient, tenant: str) -> bool:
+    """Whether a move of ``tenant`` off this (source) shard has begun: jobs or schedules taken
+    off its queues, or its counters set aside. Until then aborting the move loses nothing."""
+    keys = shard.keys
+    found = await shard.redis.exists(
+        keys.moving(tenant), keys.moving_schedules(tenant), keys.moved_counts(tenant)
+    )
+    return bool(found)
+
+
+async def shard_identity(shard: ShardClient) -> int | None:
+    """The shard ID this Redis holds the data of (``Keys.identity``), None when unmarked."""
+    raw = await shard.redis.get(shard.keys.identity())
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+async def mark_identity(shard: ShardClient, shard_id: int) -> int:
+    """Mark this Redis as holding shard ``shard_id``'s data, unless it is marked already;
+    returns the ID it is marked with afterwards (another one: the caller must not use it)."""
+    await shard.redis.set(shard.keys.identity(), str(shard_id), nx=True)
+    found = await shard_identity(shard)
+    return shard_id if found is None else found

@@ -8,7 +8,7 @@ import argparse
 from shardq.coordinator.cli.command import CommandError, Commands, arg
 from shardq.coordinator.cli.ops.database import engine_for
 from shardq.coordinator.cli.ops.placement import PLACEMENT_ARGS, placement_store, run_moves
-from shardq.coordinator.cli.terminal import print_json, print_table, when
+from shardq.coordinator.cli.terminal import confirm, print_json, print_table, when
 from shardq.coordinator.shardmap import ShardMapStore
 
 commands = Commands("database", groups={"moves": "tenant moves in progress"})
@@ -52,3 +52,28 @@ async def moves_run(args: argparse.Namespace) -> int:
             return 0
         args.no_move = False
         return await run_moves(args, mover, smap, tenants)
+
+
+@commands.add(
+    "moves",
+    "abort",
+    help="undo the moves in progress (all, or these tenants') that have not copied anything "
+    "yet: each tenant goes back to its source shard",
+    args=(arg("tenant_id", nargs="*"), *PLACEMENT_ARGS),
+)
+async def moves_abort(args: argparse.Namespace) -> int:
+    async with placement_store(args) as (store, _):
+        before = await store.load()
+        if not before.moves:
+            print("no moves in progress")
+            return 0
+        tenants = args.tenant_id or None
+        chosen = sorted(args.tenant_id or before.moves)
+        print("\n".join(f"abort move of tenant {t}: back to shard {before.moves[t].from_shard_id}"
+                        for t in chosen if t in before.moves))  # fmt: skip
+        if not confirm(args):
+            print("nothing changed")
+            return 1
+        after = await store.abort_moves(tenants)
+    print(f"shard map version {before.version} -> {after.version}")
+    return 0

@@ -10,13 +10,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from shardq.common import config
-from shardq.coordinator.cli.command import arg
+from shardq.coordinator.cli.command import CommandError, arg
 from shardq.coordinator.cli.ops.database import engine_for
 from shardq.coordinator.cli.ops.render import describe_change
-from shardq.coordinator.cli.terminal import confirm
-from shardq.coordinator.mover import Mover, MoveReport, RedisShards
+from shardq.coordinator.cli.terminal import confirm, plural
+from shardq.coordinator.errors import SHARD_ID_ATTR
+from shardq.coordinator.mover import (
+    Mover,
+    MoveReport,
+    MovesFailed,
+    RedisShards,
+    describe_shard_error,
+)
 from shardq.coordinator.placement import ShardMap
+from shardq.coordinator.shardcheck import ShardChecker
 from shardq.coordinator.shardmap import Preview, ShardMapStore
 from shardq.shard.models import ShardSettings
 
@@ -40,23 +50,49 @@ PLACEMENT_ARGS = (
 )
 
 
+#: The flag of the commands that give the map a new or changed address (init, sync, add,
+#: set-address): each is checked first (``coordinator.shardcheck``).
+SKIP_CHECKS_ARG = arg(
+    "--skip-checks",
+    action="store_true",
+    help="do not check the new addresses first (a Redis that refuses INFO): an address that "
+    "is down, not Redis, without appendonly, evicting or holding other data is then taken "
+    "as is (see docs/operating.md)",
+)
+
+
+def checker_for(args: argparse.Namespace) -> ShardChecker | None:
+    """The address checks a command makes, None with ``--skip-checks``."""
+    if getattr(args, "skip_checks", False):
+        return None
+    return ShardChecker(args.redis_password, ShardSettings(key_prefix=args.key_prefix))
+
+
 @asynccontextmanager
 async def placement_store(args: argparse.Namespace) -> AsyncIterator[tuple[ShardMapStore, Mover]]:
     settings = ShardSettings(key_prefix=args.key_prefix)
     shards = RedisShards(args.redis_password, settings)
     try:
         async with engine_for(args) as engine:
-            store = ShardMapStore(engine, None if args.map_only else shards)
+            store = ShardMapStore(engine, None if args.map_only else shards, checker_for(args))
             yield store, Mover(store, shards, active_wait_s=args.active_wait_s,
                                progress=_print_progress)  # fmt: skip
+    except MovesFailed as exc:
+        raise CommandError(str(exc)) from None
+    except (RedisError, OSError) as exc:
+        # A shard that cannot be reached (or is not Redis): one line naming it, no traceback.
+        if getattr(exc, SHARD_ID_ATTR, None) is None:
+            raise
+        raise CommandError(describe_shard_error(exc)) from None
     finally:
         await shards.close()
 
 
 def _print_progress(r: MoveReport) -> None:
     state = "done" if r.finished else f"waiting for {r.waiting_for}" if r.waiting_for else "..."
-    print(f"  {r.tenant}: shard {r.from_shard_id} -> {r.to_shard_id}: {r.jobs} jobs, "
-          f"{r.dedupe_keys} dedupe keys, {r.schedules} schedules; {state}", flush=True)  # fmt: skip
+    counts = ((r.jobs, "job"), (r.dedupe_keys, "dedupe key"), (r.schedules, "schedule"))
+    moved = ", ".join(plural(n, noun) for n, noun in counts)
+    print(f"  {r.tenant}: shard {r.from_shard_id} -> {r.to_shard_id}: {moved}; {state}", flush=True)
 
 
 async def change_placement(
@@ -94,9 +130,10 @@ async def run_moves(
     if not tenants:
         return 0
     if getattr(args, "no_move", False):
-        print(f"{len(tenants)} moves recorded; run them with `shardq moves run`")
+        print(f"{plural(len(tenants), 'move')} recorded; run them with `shardq moves run`")
         return 0
-    print(f"moving {len(tenants)} tenants (interrupt any time: `shardq moves run` resumes)")
+    moving = plural(len(tenants), "tenant")
+    print(f"moving {moving} (interrupt any time: `shardq moves run` resumes)")
     reports = await mover.run(tenants)
     left = [r for r in reports if not r.finished]
     for r in left:

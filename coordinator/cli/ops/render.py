@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardq.common.placement import SLOT_COUNT
-from shardq.coordinator.cli.terminal import print_table
+from shardq.coordinator.cli.terminal import plural, print_table
 from shardq.coordinator.placement import ShardMap
 
 
@@ -87,7 +87,7 @@ def report_change(before: ShardMap | None, after: ShardMap) -> None:
     )
     print(
         f"shard map version {before.version if before else 0} -> {after.version}: "
-        f"{len(after.shards)} shards, {moved} slots assigned anew"
+        f"{plural(len(after.shards), 'shard')}, {plural(moved, 'slot')} assigned anew"
     )
 
 
@@ -100,13 +100,18 @@ def describe_change(before: ShardMap, after: ShardMap) -> list[str]:
         lines.append(f"remove shard {sid} ({before.shards[sid].address})")
     for sid in sorted(before.shards.keys() & after.shards.keys()):
         a, b = before.shards[sid], after.shards[sid]
+        if a.address != b.address:
+            lines.append(
+                f"shard {sid}: address {a.address} -> {b.address} (the same data at a new "
+                "address; no job moves)"
+            )
         if (a.weight, a.state) != (b.weight, b.state):
             lines.append(f"shard {sid}: weight {a.weight} -> {b.weight}, {a.state} -> {b.state}")
     flows: dict[tuple[int, int], int] = {}
     for old, new in zip(before.slots, after.slots, strict=True):
         if old != new:
             flows[(old, new)] = flows.get((old, new), 0) + 1
-    lines += [f"{n} slots shard {a} -> {b}" for (a, b), n in sorted(flows.items())]
+    lines += [f"{plural(n, 'slot')} shard {a} -> {b}" for (a, b), n in sorted(flows.items())]
     for tenant in sorted(before.pins.keys() | after.pins.keys()):
         if before.pins.get(tenant) != after.pins.get(tenant):
             where = after.pins.get(tenant)

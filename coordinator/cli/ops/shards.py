@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import argparse
 
+from shardq.common import config
 from shardq.common.placement import DRAINING
 from shardq.coordinator.cli.command import CommandError, Commands, arg
 from shardq.coordinator.cli.ops.database import engine_for
-from shardq.coordinator.cli.ops.placement import PLACEMENT_ARGS, change_placement, pin, unpin
+from shardq.coordinator.cli.ops.placement import (
+    PLACEMENT_ARGS,
+    SKIP_CHECKS_ARG,
+    change_placement,
+    checker_for,
+    pin,
+    unpin,
+)
 from shardq.coordinator.cli.ops.render import map_as_json, print_map, report_change
-from shardq.coordinator.cli.terminal import print_json
+from shardq.coordinator.cli.terminal import plural, print_json
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.shardmap import MapNotInitialized, ShardMapStore
 
@@ -26,6 +34,7 @@ _SHARD_ARGS = (
     arg("--address", action="append", required=True, metavar="HOST:PORT", help=_ADDRESS_HELP),
     arg("--shards", type=int, help="number of shards (default: number of --address)"),
     arg("--weight", action="append", type=int, help="each shard's weight, in order (default 1)"),
+    SKIP_CHECKS_ARG,
 )
 
 
@@ -41,6 +50,14 @@ def shard_addresses(args: argparse.Namespace) -> list[str]:
     return addresses
 
 
+async def _mark_existing(args: argparse.Namespace, smap: ShardMap | None) -> None:
+    """Give the map's shards their identity markers if a map made before markers existed
+    lacks them (best effort): a later re-point of those shards is then checked by them."""
+    checker = checker_for(args)
+    if checker is not None and smap is not None:
+        await checker.mark_existing([(sid, i.address) for sid, i in sorted(smap.shards.items())])
+
+
 async def _load_or_none(store: ShardMapStore) -> ShardMap | None:
     try:
         return await store.load()
@@ -49,18 +66,23 @@ async def _load_or_none(store: ShardMapStore) -> ShardMap | None:
 
 
 @commands.add(
-    "shards", "init", help="create the shard map (a no-op if it already matches)", args=_SHARD_ARGS
+    "shards",
+    "init",
+    help="create the shard map (a no-op if it already matches)",
+    args=(*_SHARD_ARGS, config.add_redis_password, config.add_key_prefix),
 )
 async def shards_init(args: argparse.Namespace) -> int:
     addresses = shard_addresses(args)
     async with engine_for(args) as engine:
-        store = ShardMapStore(engine)
+        store = ShardMapStore(engine, checks=checker_for(args))
         before = await _load_or_none(store)
+        await _mark_existing(args, before)
         if before is not None:
             current = [before.shards[i].address for i in sorted(before.shards)]
             if current != addresses:
                 raise CommandError(
-                    f"the shard map exists with {len(current)} shards ({', '.join(current)}); "
+                    f"the shard map exists with {plural(len(current), 'shard')} "
+                    f"({', '.join(current)}); "
                     "use `shardq shards sync` to change it"
                 )
         after = await store.sync_shards(addresses, args.weight)
@@ -81,9 +103,11 @@ async def shards_sync(args: argparse.Namespace) -> int:
         before = await _load_or_none(ShardMapStore(engine))
     if before is None:  # a first sync creates the map: no tenant anywhere yet
         async with engine_for(args) as engine:
-            after = await ShardMapStore(engine).sync_shards(addresses, args.weight)
+            store = ShardMapStore(engine, checks=checker_for(args))
+            after = await store.sync_shards(addresses, args.weight)
         report_change(before, after)
         return 0
+    await _mark_existing(args, before)
     return await change_placement(args, lambda store: store.sync_shards(addresses, args.weight))
 
 
@@ -145,6 +169,7 @@ async def shards_unpin(args: argparse.Namespace) -> int:
     args=(
         arg("address", metavar="HOST:PORT"),
         arg("--weight", type=int, default=1),
+        SKIP_CHECKS_ARG,
         *PLACEMENT_ARGS,
     ),
 )
@@ -165,8 +190,40 @@ async def shards_drain(args: argparse.Namespace) -> int:
 @commands.add(
     "shards",
     "remove",
-    help="take a drained, empty shard (the last ID) out of the map",
-    args=(arg("shard_id", type=int), *PLACEMENT_ARGS),
+    help="take an empty shard (the last ID) out of the map; the slots it owns go to the others",
+    args=(
+        arg("shard_id", type=int),
+        arg(
+            "--forget-unreachable",
+            action="store_true",
+            help="remove it even though it cannot be reached (a mistyped `shards add`): any "
+            "job it holds is lost",
+        ),
+        *PLACEMENT_ARGS,
+    ),
 )
 async def shards_remove(args: argparse.Namespace) -> int:
-    return await change_placement(args, lambda store: store.remove_shard(args.shard_id))
+    forget = args.forget_unreachable
+    return await change_placement(
+        args, lambda store: store.remove_shard(args.shard_id, forget_unreachable=forget)
+    )
+
+
+@commands.add(
+    "shards",
+    "set-address",
+    help="point a shard at the Redis that now holds its data (it moved host with its "
+    "volume, or a replica was promoted); no job moves",
+    args=(
+        arg("shard_id", type=int),
+        arg("address", metavar="HOST:PORT"),
+        SKIP_CHECKS_ARG,
+        *PLACEMENT_ARGS,
+    ),
+)
+async def shards_set_address(args: argparse.Namespace) -> int:
+    async with engine_for(args) as engine:
+        await _mark_existing(args, await _load_or_none(ShardMapStore(engine)))
+    return await change_placement(
+        args, lambda store: store.set_address(args.shard_id, args.address)
+    )
