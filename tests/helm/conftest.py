@@ -55,19 +55,21 @@ def helm() -> str:
 @pytest.fixture(scope="session")
 def yaml_mod() -> ModuleType:
     try:
-        import yaml  # noqa: PLC0415 (optional: not yet a declared dependency)
+        import yaml  # type: ignore[import-untyped]  # noqa: PLC0415 (optional dependency)
     except ImportError:
         missing_tool("PyYAML is not installed")
-    return yaml
+    module: ModuleType = yaml
+    return module
 
 
 @pytest.fixture(scope="session")
 def kubernetes_validate() -> ModuleType:
     try:
-        import kubernetes_validate  # noqa: PLC0415 (installed by .ci/install-helm)
+        import kubernetes_validate  # type: ignore[import-untyped]  # noqa: PLC0415 (.ci/install-helm)
     except ImportError:
         missing_tool("kubernetes-validate is not installed")
-    return kubernetes_validate
+    module: ModuleType = kubernetes_validate
+    return module
 
 
 @dataclass

@@ -69,7 +69,8 @@ def env_of(container: Doc) -> dict[str, Doc]:
 def container(spec: Doc, name: str) -> Doc:
     matches = [c for c in spec["containers"] if c["name"] == name]
     assert matches, f"no container {name} in {[c['name'] for c in spec['containers']]}"
-    return matches[0]
+    found: Doc = matches[0]
+    return found
 
 
 def hook_phases(doc: Doc) -> set[str]:
@@ -163,7 +164,7 @@ def test_every_value_is_documented_and_typed(yaml_mod: ModuleType) -> None:
     assert len(sections) >= 8
 
     def node(path: str) -> Doc:
-        n = schema
+        n: Doc = schema
         for part in path.split("."):
             n = n["properties"][part]
         return n
@@ -171,7 +172,9 @@ def test_every_value_is_documented_and_typed(yaml_mod: ModuleType) -> None:
     for p in sorted(params):
         n = node(p)
         assert n.get("description"), f"schema: {p} has no description"
-        assert n.get("type") in {"string", "integer", "boolean", "object", "array"}, p
+        kinds = n.get("type")
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        assert set(kinds) <= {"string", "integer", "number", "boolean", "object", "array"}, p
     for p in (
         "logLevel",
         "image.pullPolicy",
@@ -189,7 +192,12 @@ def test_no_password_has_a_default(yaml_mod: ModuleType) -> None:
         if isinstance(v, dict):
             for k, sub in v.items():
                 yield from secrets_in(sub, f"{path}.{k}")
-        elif re.search(r"password|token|url$", path, re.I) and not path.endswith("Key") and v:
+        # Not the key of a credential in a Secret, nor a duration (tokenCache.ttlSeconds).
+        elif (
+            re.search(r"password|token|url$", path, re.I)
+            and not path.endswith(("Key", "Seconds"))
+            and v
+        ):
             yield f"{path}={v!r}"
 
     assert not list(secrets_in(yaml_mod.safe_load(text), "")), "a credential has a default"
@@ -237,6 +245,29 @@ def test_shard_count_and_addresses_agree(render: Render, yaml_mod: ModuleType, n
     assert len(ports) == len(loops), "the active and standby loops share a metrics port"
 
 
+@pytest.mark.parametrize("name", VALUES_FILES)
+def test_shard_loops_reach_the_results_database_as_the_coordinator_does(
+    render: Render, name: str
+) -> None:
+    """A shard loop writes the result rows of jobs that end without a worker (reaped dead,
+    cancelled): every loop gets SHARDQ_DATABASE_URL from the same Secret (and composed the same
+    way) as the coordinator."""
+    r = render(name)
+    coordinator = r.get("Deployment", f"{FULLNAME}-coordinator")
+    want = env_of(container(coordinator["spec"]["template"]["spec"], "coordinator"))
+    sts = r.get("StatefulSet", f"{FULLNAME}-shard")
+    loops = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] != "redis"]
+    assert loops
+    for c in loops:
+        env = env_of(c)
+        for var in ("SHARDQ_DATABASE_URL", "SHARDQ_DB_PASSWORD"):
+            assert env.get(var) == want.get(var), f"{name}: {c['name']}: {var}"
+        # From a Secret, or composed by Kubernetes from the bundled Postgres's password Secret.
+        url = env["SHARDQ_DATABASE_URL"]
+        source = url if "valueFrom" in url else env["SHARDQ_DB_PASSWORD"]
+        assert "secretKeyRef" in source["valueFrom"], f"{name}: {c['name']}: not from a Secret"
+
+
 @pytest.mark.parametrize("name", ["default", "eight-shards"])
 def test_redis_is_durable_and_authenticated(render: Render, name: str) -> None:
     r = render(name)
@@ -281,7 +312,7 @@ def test_every_container_is_bounded_probed_and_non_root(render: Render, name: st
                 problems.append(f"{where}: keeps capabilities")
             is_init = c in spec.get("initContainers", [])
             if long_running and not is_init:
-                for probe in ("readinessProbe", "livenessProbe"):
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                     if probe not in c:
                         problems.append(f"{where}: no {probe}")
     assert not problems, f"{name}:\n" + "\n".join(problems)
@@ -294,8 +325,9 @@ def test_coordinator_defaults(render: Render) -> None:
     c = container(dep["spec"]["template"]["spec"], "coordinator")
     port = c["ports"][0]["containerPort"]
     assert c["ports"][0]["name"] == "grpc"
-    assert c["readinessProbe"]["grpc"] == {"port": port}
-    assert c["livenessProbe"]["grpc"] == {"port": port}
+    # Readiness is the gRPC health service's overall status; liveness the cheap /healthz.
+    assert c["readinessProbe"]["grpc"] == {"port": port, "service": ""}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert env_of(c)["SHARDQ_LISTEN"]["value"] == f"0.0.0.0:{port}"
     pdb = r.get("PodDisruptionBudget", f"{FULLNAME}-coordinator")
     assert pdb["spec"]["minAvailable"] < dep["spec"]["replicas"]
@@ -346,7 +378,8 @@ def test_credentials_reach_containers_only_from_secrets(render: Render, name: st
     for doc, spec in pod_specs(render(name)):
         for c in spec.get("initContainers", []) + spec["containers"]:
             for var, e in env_of(c).items():
-                if not re.search(r"PASSWORD|TOKEN|AUTH|DATABASE_URL", var):
+                # A duration (SHARDQ_TOKEN_CACHE_TTL_S) is not a credential.
+                if not re.search(r"PASSWORD|TOKEN|AUTH|DATABASE_URL", var) or var.endswith("_S"):
                     continue
                 where = f"{doc['metadata']['name']}/{c['name']}/{var}"
                 if "valueFrom" in e:
@@ -505,8 +538,10 @@ def test_tls_for_grpc(render: Render, name: str) -> None:
     assert env["SHARDQ_TLS_KEY_FILE"]["value"] == f"{mount['mountPath']}/tls.key"
     vol = next(v for v in spec["volumes"] if v["name"] == "tls")
     assert vol["secret"]["secretName"] == "shardq-coordinator-tls"
-    # The kubelet's gRPC probe cannot speak TLS: the port is probed by TCP instead.
-    assert c["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
+    # The kubelet's gRPC probe cannot speak TLS: readiness is read from /readyz instead (not a
+    # TCP check, which passes while the coordinator is not ready).
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert "grpc" not in c["readinessProbe"]
     for d in worker_deployments(r):
         wspec = d["spec"]["template"]["spec"]
         w = container(wspec, "worker")
@@ -546,8 +581,10 @@ def test_network_policies_fence_redis_and_postgres(render: Render, name: str) ->
     assert allowed_peers(r, redis_policy, "redis") == clients | hooks
     if name == "bundled-netpol":
         pg_policy = r.get("NetworkPolicy", f"{FULLNAME}-postgresql")
+        # The shard loops too: they write the result rows of jobs that end without a worker.
         assert allowed_peers(r, pg_policy, "postgresql") == clients | hooks | {
             f"{FULLNAME}-migrate",
+            f"{FULLNAME}-shard",
         }
     else:
         assert ("NetworkPolicy", f"{FULLNAME}-postgresql") not in r.by_key

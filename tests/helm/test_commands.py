@@ -41,7 +41,7 @@ CLI_IGNORES = {"SHARDQ_KEY_PREFIX", "SHARDQ_LOG_LEVEL", "SHARDQ_REDIS_PASSWORD"}
 
 
 def _env_names(program: str) -> set[str]:
-    parsers = {
+    parsers: dict[str, Callable[[], argparse.ArgumentParser]] = {
         "shardq": cli.build_parser,
         "shardq-coordinator": lambda: _parser_of(coordinator_server.parse_args),
         "shardq-shard": lambda: _parser_of(shard_main.parse_args),

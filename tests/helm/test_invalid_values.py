@@ -179,3 +179,147 @@ def test_moves_settings_are_typed(helm: str) -> None:
         "Additional property retries is not allowed",
     ):
         assert expected in err, f"{expected!r} missing from:\n{err}"
+
+
+QUANTITY = "Does not match pattern '^([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([KMGTPE]i|[numkMGTPE]|"
+
+
+def test_resource_quantities_are_checked(helm: str) -> None:
+    err = template_error(
+        helm,
+        "--set", "coordinator.resources.requests.cpu=lots",
+        "--set", "shards.redis.resources.limits.memory=4GB",
+        "--set-string", "hooks.resources.requests.ephemeral-storage=big",
+        "--set", "coordinator.resources.request.cpu=1",
+        "--set", "workers.resources.limits.gpu=1",
+    )  # fmt: skip
+    for expected in (
+        f"coordinator.resources.requests.cpu: {QUANTITY}",
+        f"shards.redis.resources.limits.memory: {QUANTITY}",
+        f"hooks.resources.requests.ephemeral-storage: {QUANTITY}",
+        "coordinator.resources: Additional property request is not allowed",
+        # An extended resource needs its domain (nvidia.com/gpu), as Kubernetes says.
+        'workers.resources.limits: Property name of "gpu" does not match',
+    ):
+        assert expected in err, f"{expected!r} missing from:\n{err}"
+
+
+def test_good_quantities_pass(helm: str) -> None:
+    proc = run_helm(
+        helm,
+        *template_args(
+            [],
+            [
+                "--set", "coordinator.resources.requests.cpu=250m",
+                "--set", "coordinator.resources.limits.cpu=2",
+                "--set-json", "coordinator.resources.requests.memory=1.5e9",
+                "--set", "shards.resources.limits.ephemeral-storage=1Gi",
+                "--set", "workers.resources.limits.nvidia\\.com/gpu=1",
+            ],
+        ),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_placement_and_security_contexts_are_typed(helm: str) -> None:
+    err = template_error(
+        helm,
+        "--set", "coordinator.podAntiAffinityPreset=sometimes",
+        "--set", "shards.zoneSpreadPreset=maybe",
+        "--set", "coordinator.affinity.podAntiAfinity.x=1",
+        "--set", "shards.tolerations[0].operator=Maybe",
+        "--set", "shards.topologySpreadConstraints[0].maxSkew=1",
+        "--set", "podSecurityContext.runAsUser=-1",
+        "--set", "containerSecurityContext.privileged=yes",
+        "--set", "containerSecurityContext.runAsRoot=true",
+    )  # fmt: skip
+    for expected in (
+        'coordinator.podAntiAffinityPreset must be one of the following: "soft", "hard", "none"',
+        'shards.zoneSpreadPreset must be one of the following: "soft", "hard", "none"',
+        "coordinator.affinity: Additional property podAntiAfinity is not allowed",
+        'shards.tolerations.0.operator must be one of the following: "Exists", "Equal"',
+        "shards.topologySpreadConstraints.0: topologyKey is required",
+        "shards.topologySpreadConstraints.0: whenUnsatisfiable is required",
+        "podSecurityContext.runAsUser: Must be greater than or equal to 0",
+        "containerSecurityContext.privileged: Invalid type. Expected: boolean, given: string",
+        "containerSecurityContext: Additional property runAsRoot is not allowed",
+    ):
+        assert expected in err, f"{expected!r} missing from:\n{err}"
+
+
+def test_tenant_defaults_are_typed(helm: str) -> None:
+    bad = [
+        "--set", "coordinator.tenantDefaults.everyone.maxActive=5",
+        "--set-json", 'coordinator.tenantDefaults.tenants={"no/slash": {"maxPending": 1}}',
+        "--set", "coordinator.tenantDefaults.tenants.acme.maxPending=-1",
+        "--set-string", "coordinator.tokenCache.ttlSeconds=soon",
+    ]  # fmt: skip
+    err = template_error(helm, *bad)
+    for expected in (
+        "coordinator.tenantDefaults.everyone: Additional property maxActive is not allowed",
+        'coordinator.tenantDefaults.tenants: Property name of "no/slash" does not match',
+        "coordinator.tenantDefaults.tenants.acme.maxPending: Must be greater than or equal to 0",
+        "coordinator.tokenCache.ttlSeconds: Invalid type. Expected: number, given: string",
+    ):
+        assert expected in err, f"{expected!r} missing from:\n{err}"
+    # Without the schema, validateValues still refuses what the coordinator would refuse at
+    # start (a crash-looping pod), naming the value.
+    err = template_error(helm, "--skip-schema-validation", *bad[:4])
+    for expected in (
+        "coordinator.tenantDefaults.everyone.maxActive: not a default limit",
+        'coordinator.tenantDefaults.tenants: "no/slash" is not a tenant ID',
+    ):
+        assert expected in err, f"{expected!r} missing from:\n{err}"
+
+
+def test_extra_env_cannot_shadow_a_typed_value(helm: str) -> None:
+    err = template_error(
+        helm,
+        "--set", "coordinator.extraEnv[0].name=SHARDQ_TENANT_LIMITS",
+        "--set", "coordinator.extraEnv[0].value={}",
+        "--set", "coordinator.extraEnv[1].name=SHARDQ_TOKEN_STALE_MAX_S",
+        "--set", "coordinator.extraEnv[1].value=60",
+    )  # fmt: skip
+    assert "VALUES VALIDATION (2 problem(s))" in err, err
+    for expected in (
+        "coordinator.extraEnv[0]: SHARDQ_TENANT_LIMITS is set from coordinator.tenantDefaults",
+        "coordinator.extraEnv[1]: SHARDQ_TOKEN_STALE_MAX_S is set from "
+        "coordinator.tokenCache.staleMaxSeconds",
+    ):
+        assert expected in err, f"{expected!r} missing from:\n{err}"
+
+
+def test_worker_budgets_that_would_block_drains_are_refused(helm: str) -> None:
+    err = template_error(
+        helm,
+        *WORKER,
+        "--set", "workers.groups[0].pdb.minAvailable=2",
+        "--set", "workers.groups[1].name=reports",
+        "--set", "workers.groups[1].handlers=myapp.reports",
+        "--set", "workers.groups[1].queues={reports}",
+        "--set", "workers.groups[1].pdb.maxUnavailable=0",
+        "--set", "workers.groups[2].name=batch",
+        "--set", "workers.groups[2].handlers=myapp.batch",
+        "--set", "workers.groups[2].queues={batch}",
+        "--set", "workers.groups[2].pdb.minAvailable=1",
+        "--set", "workers.groups[2].pdb.maxUnavailable=1",
+    )  # fmt: skip
+    assert "VALUES VALIDATION (3 problem(s))" in err, err
+    for expected in (
+        "workers.groups[0] (default).pdb.minAvailable (2) must be below the replicas of "
+        "workers.groups[0] (default) (2)",
+        "workers.groups[1] (reports).pdb.maxUnavailable: 0 would block every node drain",
+        "workers.groups[2] (batch).pdb: set minAvailable or maxUnavailable, not both",
+    ):
+        assert expected in err, f"{expected!r} missing from:\n{err}"
+    # An autoscaled group may shrink to its minReplicas: the budget must stay below that.
+    autoscaled = template_error(
+        helm,
+        *WORKER,
+        "--set", "workers.groups[0].autoscaling.enabled=true",
+        "--set", "workers.groups[0].autoscaling.minReplicas=1",
+        "--set", "workers.groups[0].pdb.minAvailable=1",
+    )  # fmt: skip
+    assert "must be below the replicas of workers.groups[0] (default) (1)" in autoscaled
+    percent = template_error(helm, *WORKER, "--set", "workers.pdb.maxUnavailable=every")
+    assert "workers.pdb.maxUnavailable: Does not match pattern" in percent, percent

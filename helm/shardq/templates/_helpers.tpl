@@ -152,6 +152,33 @@ Secret (it does not exist yet) and reads the hook copy instead.
   value: {{ .Values.logLevel | quote }}
 {{- end -}}
 
+{{/* The four limit keys of coordinator.tenantDefaults, and their names in SHARDQ_TENANT_LIMITS. */}}
+{{- define "shardq.tenantLimitKeys" -}}
+{{- toYaml (dict "submitRatePerS" "submit_rate_per_s" "submitBurst" "submit_burst" "maxPending" "max_pending" "maxPendingBytes" "max_pending_bytes") -}}
+{{- end -}}
+
+{{/*
+coordinator.tenantDefaults as the JSON the coordinator reads from SHARDQ_TENANT_LIMITS
+(coordinator/limits.py, parse_tenant_limits): `everyone` is the "*" entry, each tenant its own.
+Empty when nothing is set, so that the variable is left out.
+*/}}
+{{- define "shardq.coordinator.tenantLimits" -}}
+{{- $names := include "shardq.tenantLimitKeys" . | fromYaml -}}
+{{- $td := .Values.coordinator.tenantDefaults -}}
+{{- $entries := dict -}}
+{{- with $td.everyone }}{{ $_ := set $entries "*" . }}{{ end -}}
+{{- range $tenant, $e := $td.tenants }}{{ $_ := set $entries $tenant ($e | default dict) }}{{ end -}}
+{{- $doc := dict -}}
+{{- range $tenant, $e := $entries -}}
+{{- $out := dict -}}
+{{- range $k, $val := $e -}}
+{{- $_ := set $out (get $names $k) $val -}}
+{{- end -}}
+{{- $_ := set $doc $tenant $out -}}
+{{- end -}}
+{{- if $doc }}{{ toJson $doc }}{{ end -}}
+{{- end -}}
+
 {{/* ---------------------------------------------------------------- pod parts */}}
 
 {{- define "shardq.podSpecCommon" -}}
@@ -168,25 +195,101 @@ securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
 {{- end -}}
 
-{{/* Node placement. Call with the component's values. */}}
+{{/*
+Node placement of a component's pods: nodeSelector, tolerations, affinity and
+topologySpreadConstraints. Call with (dict "ctx" $ "component" "coordinator" "v" <its values>
+"defaults" <values its presets default to, optional>).
+
+- affinity: the component's `affinity` when set (it replaces the preset, whole); else the
+  `podAntiAffinityPreset`: `soft` prefers, `hard` requires, one pod of the component per node
+  (kubernetes.io/hostname); `none` sets nothing. Losing a node then takes one coordinator or
+  one shard, not several.
+- topologySpreadConstraints: the component's `topologySpreadConstraints` when not empty (each
+  one without a labelSelector gets the component's); else the `zoneSpreadPreset`: `soft`
+  (ScheduleAnyway) or `hard` (DoNotSchedule) spreads the pods over topology.kubernetes.io/zone
+  with a skew of 1; `none` sets nothing. `soft` also schedules on nodes without a zone label.
+*/}}
 {{- define "shardq.placement" -}}
-{{- with .nodeSelector }}
+{{- $v := .v -}}
+{{- $d := .defaults | default dict -}}
+{{- $selector := include "shardq.selectorLabels" (dict "ctx" .ctx "component" .component) | fromYaml -}}
+{{- $anti := ternary $v.podAntiAffinityPreset ($d.podAntiAffinityPreset | default "none") (hasKey $v "podAntiAffinityPreset") -}}
+{{- $zone := ternary $v.zoneSpreadPreset ($d.zoneSpreadPreset | default "none") (hasKey $v "zoneSpreadPreset") -}}
+{{- with $v.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .tolerations }}
+{{- with $v.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .affinity }}
+{{- if $v.affinity }}
 affinity:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml $v.affinity | nindent 2 }}
+{{- else if eq $anti "soft" }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- toYaml $selector | nindent 14 }}
+{{- else if eq $anti "hard" }}
+affinity:
+  podAntiAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- toYaml $selector | nindent 12 }}
+{{- end }}
+{{- if $v.topologySpreadConstraints }}
+{{- $constraints := list }}
+{{- range $v.topologySpreadConstraints }}
+{{- $constraints = append $constraints (ternary . (merge (dict "labelSelector" (dict "matchLabels" $selector)) .) (hasKey . "labelSelector")) }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $constraints | nindent 2 }}
+{{- else if ne $zone "none" }}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/zone
+    whenUnsatisfiable: {{ ternary "DoNotSchedule" "ScheduleAnyway" (eq $zone "hard") }}
+    labelSelector:
+      matchLabels:
+        {{- toYaml $selector | nindent 8 }}
 {{- end }}
 {{- end -}}
 
 {{/* The queues of a worker group, comma-separated (SHARDQ_QUEUES). Call with the group's values. */}}
 {{- define "shardq.workerQueues" -}}
 {{- join "," (.queues | default (list "default")) -}}
+{{- end -}}
+
+{{/*
+The PodDisruptionBudget of a worker group, as YAML {enabled, minAvailable, maxUnavailable, from}
+(the budgets as strings, "" when not set; `from` names the values they come from): the group's
+`pdb` over workers.pdb, where a group that gives either budget replaces both; maxUnavailable 1
+when neither is given. Call with (dict "group" $g "workers" .Values.workers "where" "...").
+*/}}
+{{- define "shardq.workerPdb" -}}
+{{- $w := .workers.pdb | default dict -}}
+{{- $gp := .group.pdb | default dict -}}
+{{- $src := $w -}}
+{{- $from := "workers.pdb" -}}
+{{- if or (hasKey $gp "minAvailable") (hasKey $gp "maxUnavailable") -}}
+{{- $src = $gp -}}
+{{- $from = printf "%s.pdb" .where -}}
+{{- end -}}
+{{- $out := dict "enabled" (ternary $gp.enabled $w.enabled (hasKey $gp "enabled")) "minAvailable" "" "maxUnavailable" "" "from" $from -}}
+{{- range $k := list "minAvailable" "maxUnavailable" -}}
+{{- $val := get $src $k -}}
+{{- if not (kindIs "invalid" $val) -}}{{- $_ := set $out $k (toString $val) -}}{{- end -}}
+{{- end -}}
+{{- if not (or $out.minAvailable $out.maxUnavailable) -}}{{- $_ := set $out "maxUnavailable" "1" -}}{{- end -}}
+{{- toYaml $out -}}
 {{- end -}}
 
 {{/* ---------------------------------------------------------------- validation */}}
@@ -234,6 +337,29 @@ collects every problem and fails once, listing all of them.
 {{- $p = append $p (printf "coordinator.pdb.minAvailable (%v) must be below the coordinator's replicas (%v), or no node could ever be drained" $v.coordinator.pdb.minAvailable $least) -}}
 {{- end -}}
 {{- end -}}
+{{- /* Typed values own their variables: the same name in extraEnv would silently win. */ -}}
+{{- $owned := dict "SHARDQ_TENANT_LIMITS" "coordinator.tenantDefaults" "SHARDQ_REJECT_UNKNOWN_HANDLERS" "coordinator.rejectUnknownHandlers" "SHARDQ_TOKEN_CACHE_TTL_S" "coordinator.tokenCache.ttlSeconds" "SHARDQ_TOKEN_STALE_MAX_S" "coordinator.tokenCache.staleMaxSeconds" -}}
+{{- range $i, $e := $v.coordinator.extraEnv -}}
+{{- with get $owned (toString $e.name) -}}
+{{- $p = append $p (printf "coordinator.extraEnv[%d]: %s is set from %s; set that value instead" $i $e.name .) -}}
+{{- end -}}
+{{- end -}}
+{{- $limitKeys := include "shardq.tenantLimitKeys" . | fromYaml -}}
+{{- $td := $v.coordinator.tenantDefaults | default dict -}}
+{{- $tdEntries := dict "everyone" ($td.everyone | default dict) -}}
+{{- range $tenant, $e := ($td.tenants | default dict) -}}
+{{- if not (regexMatch "^[A-Za-z0-9._-]{1,64}$" $tenant) -}}
+{{- $p = append $p (printf "coordinator.tenantDefaults.tenants: %q is not a tenant ID ([A-Za-z0-9._-]{1,64})" $tenant) -}}
+{{- end -}}
+{{- $_ := set $tdEntries (printf "tenants.%s" $tenant) ($e | default dict) -}}
+{{- end -}}
+{{- range $where, $e := $tdEntries -}}
+{{- range $k, $val := $e -}}
+{{- if not (hasKey $limitKeys $k) -}}
+{{- $p = append $p (printf "coordinator.tenantDefaults.%s.%s: not a default limit (submitRatePerS, submitBurst, maxPending, maxPendingBytes; the weight and maxActive are set per tenant with `shardq tenants set`)" $where $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $seen := dict -}}
 {{- $queueOwners := dict -}}
 {{- range $i, $g := $v.workers.groups -}}
@@ -253,6 +379,20 @@ collects every problem and fails once, listing all of them.
 {{- $as := $g.autoscaling | default dict -}}
 {{- if and $as.enabled (gt (int ($as.minReplicas | default 1)) (int ($as.maxReplicas | default 10))) -}}
 {{- $p = append $p (printf "%s.autoscaling: minReplicas is above maxReplicas" $where) -}}
+{{- end -}}
+{{- $pdb := include "shardq.workerPdb" (dict "group" $g "workers" $v.workers "where" $where) | fromYaml -}}
+{{- if $pdb.enabled -}}
+{{- $least := ternary $g.replicaCount 2 (hasKey $g "replicaCount") -}}
+{{- if $as.enabled }}{{ $least = $as.minReplicas | default 1 }}{{ end -}}
+{{- if and $pdb.minAvailable $pdb.maxUnavailable -}}
+{{- $p = append $p (printf "%s: set minAvailable or maxUnavailable, not both (for %s)" $pdb.from $where) -}}
+{{- else if or (eq $pdb.maxUnavailable "0") (eq $pdb.maxUnavailable "0%") -}}
+{{- $p = append $p (printf "%s.maxUnavailable: 0 would block every node drain (for %s)" $pdb.from $where) -}}
+{{- else if eq $pdb.minAvailable "100%" -}}
+{{- $p = append $p (printf "%s.minAvailable: 100%% would block every node drain (for %s)" $pdb.from $where) -}}
+{{- else if and $pdb.minAvailable (regexMatch "^[0-9]+$" $pdb.minAvailable) (gt (int $least) 0) (ge (int $pdb.minAvailable) (int $least)) -}}
+{{- $p = append $p (printf "%s.minAvailable (%s) must be below the replicas of %s (%v), or no node could ever be drained" $pdb.from $pdb.minAvailable $where $least) -}}
+{{- end -}}
 {{- end -}}
 {{- /* A worker hands back the jobs it has no handler for: two groups with different handler
 modules on one queue pass each other's jobs back and forth. Allowed only when asked for. */ -}}
