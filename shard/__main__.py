@@ -15,6 +15,11 @@ from shardq.common.ops_http import OpsServer
 from shardq.shard.client import ShardClient
 from shardq.shard.loop import LoopMetrics, LoopSettings, ShardLoop, default_instance_id
 from shardq.shard.models import ShardSettings
+from shardq.shard.rows import RowMetrics, RowSettings, TerminalRows
+from shardq.store.db import psycopg_dsn, sqlalchemy_url
+from shardq.store.results import ResultStore
+
+log = logging.getLogger("shardq.shard")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -23,6 +28,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add_redis_password(p, "password for the shard's Redis")
     config.add(p, "--shard-id", 0, "this shard's ID (metrics labels)", int)
     config.add_key_prefix(p)
+    config.add_database_url(
+        p, "results database: the loop writes the rows of jobs that end without a worker"
+    )
+    config.add(
+        p, "--reconcile-interval-s", 30.0, "pause between passes comparing dead jobs with their "
+        "rows (0: off)", float,
+    )  # fmt: skip
     config.add(p, "--leader-ttl-ms", 5_000, "leader lease length", int)
     config.add(p, "--reap-interval-ms", 1_000, "how often expired leases are reaped", int)
     config.add(p, "--load-interval-s", 10.0, "how often tenant load is sampled (0: off)", float)
@@ -38,6 +50,21 @@ async def serve(args: argparse.Namespace) -> None:
     redis = Redis.from_url(url, health_check_interval=10, socket_keepalive=True)
     shard = ShardClient(redis, ShardSettings(key_prefix=args.key_prefix))
     registry = CollectorRegistry()
+    store = (
+        ResultStore(psycopg_dsn(sqlalchemy_url(args.database_url))) if args.database_url else None
+    )
+    rows = None
+    if store is not None:
+        settings = RowSettings(reconcile_interval_s=args.reconcile_interval_s)
+        metrics = RowMetrics(registry, str(args.shard_id))
+        rows = TerminalRows(shard, store, args.shard_id, settings, metrics)
+    else:
+        # Not fatal: nothing is lost (the IDs wait on the outbox until a loop with a database
+        # writes their rows), but until then those jobs have no row. Say so loudly.
+        log.warning(
+            "no --database-url (SHARDQ_DATABASE_URL): jobs that end without a worker (reaped "
+            "dead, cancelled) get no result row until a shard loop with one runs"
+        )
     loop = ShardLoop(
         shard,
         LoopSettings(
@@ -48,6 +75,7 @@ async def serve(args: argparse.Namespace) -> None:
             load_top_tenants=args.load_top_tenants,
         ),
         LoopMetrics(registry, str(args.shard_id)),
+        rows,
     )
     ops = OpsServer(
         registry,
@@ -65,6 +93,8 @@ async def serve(args: argparse.Namespace) -> None:
         await loop.run()
     finally:
         await ops.stop()
+        if store is not None:
+            await store.close()
         await redis.aclose()
 
 

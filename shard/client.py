@@ -99,6 +99,10 @@ class ShardClient:
         self._r: Any = redis
         self.settings = settings or ShardSettings()
         self.clock = clock or SystemClock()
+        #: On the system clock, scripts read the shard's own (Redis TIME): every time a job
+        #: records and every lease deadline come from one clock, whichever process called.
+        #: A FakeClock (tests) is passed to them instead, so tests drive time.
+        self.shard_time = isinstance(self.clock, SystemClock)
         self.keys = Keys(self.settings.key_prefix)
         self._scripts = register_all(redis)
         self._base = self.keys.base()
@@ -107,10 +111,20 @@ class ShardClient:
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[name](keys=[self._base, *keys], args=list(args))
 
+    def _now_arg(self) -> int:
+        """A script's now_ms ARGV: 0 (read Redis TIME, see ``shard_now`` in lua/_lib.lua) on
+        the system clock, else the (fake) clock's now."""
+        return 0 if self.shard_time else self.clock.now_ms()
+
     # --- submit -------------------------------------------------------------------------
 
     def prepare(self, job: NewJob, now_ms: int | None = None) -> PreparedJob:
-        """Check one job and complete it (job ID, run-at, defaults, digest) for ``enqueue.lua``."""
+        """Check one job and complete it (job ID, run-at, defaults, digest) for ``enqueue.lua``.
+
+        A delay (or no time: due at once) is left for ``enqueue.lua`` to add to the shard's
+        clock. ``now_ms`` (this client's clock) only bounds ``run_at_ms`` and ``delay_ms`` by
+        the schedule horizon, which is therefore approximate by the skew between the two.
+        """
         s = self.settings
         now = self.clock.now_ms() if now_ms is None else now_ms
         validation.tenant_id(job.tenant)
@@ -123,15 +137,14 @@ class ShardClient:
             validation.job_id(job.job_id)
         if job.run_at_ms is not None and job.delay_ms is not None:
             raise InvalidArgument("give run_at_ms or delay_ms, not both", field="delay_ms")
+        run_at: int | None = None
+        delay = 0
         if job.delay_ms is not None:
             delay = validation.int_in_range(job.delay_ms, 0, s.max_schedule_horizon_ms, "delay_ms")
-            run_at = now + delay
         elif job.run_at_ms is not None:
             run_at = validation.int_in_range(
                 job.run_at_ms, 0, now + s.max_schedule_horizon_ms, "run_at_ms"
             )
-        else:
-            run_at = now
         attempts = validation.int_in_range(
             job.max_attempts, 0, validation.MAX_ATTEMPTS_LIMIT, "max_attempts"
         )
@@ -147,6 +160,7 @@ class ShardClient:
             payload=payload,
             priority=prio,
             run_at_ms=run_at,
+            delay_ms=delay,
             max_attempts=attempts or s.default_max_attempts,
             timeout_ms=timeout or s.default_timeout_ms,
             digest=digest(job.handler, payload),
@@ -186,8 +200,11 @@ class ShardClient:
         ``map_version`` is the shard-map version the caller routed with (the coordinator's);
         below the shard's map fence every job comes back STALE_MAP. 0, for callers that do
         not route by the map (the shard's own loop), is never refused.
+
+        ``now_ms`` is the created-at given to the jobs by a client on a FakeClock (default:
+        its now); on the system clock the shard's clock stamps them and it is not used.
         """
-        now = self.clock.now_ms() if now_ms is None else now_ms
+        now = self._now_arg() if now_ms is None or self.shard_time else now_ms
         out: list[EnqueueResult] = []
         step = self.settings.max_batch
         for i in range(0, len(prepared), step):
@@ -195,7 +212,7 @@ class ShardClient:
             for job in prepared[i : i + step]:
                 args.extend(job.to_argv())
             rows = await self._run("enqueue", [], args)
-            out.extend(EnqueueResult.from_reply(row, now) for row in rows)
+            out.extend(EnqueueResult.from_reply(row) for row in rows)
         return out
 
     async def submit(self, job: NewJob) -> EnqueueResult:
@@ -209,17 +226,22 @@ class ShardClient:
     async def promote(self, limit: int | None = None) -> tuple[int, int | None]:
         """Move due jobs to ready, in capped batches until none is due.
 
-        Returns (jobs taken off the delayed set, next due time in unix ms or None).
+        Returns (jobs taken off the delayed set, next due time in unix ms or None). Due is
+        decided by the shard's clock; the next due time is told by this client's clock (the
+        shard's, moved by their difference), so that a caller sleeping until it by its own
+        clock wakes when the shard finds the job due, however the two clocks differ.
         """
         limit = limit or self.settings.max_batch
         total = 0
         while True:
-            taken, next_due = await self._run(
-                "promote", [self.keys.scheduled()], [self.clock.now_ms(), limit]
+            taken, next_due, shard_now = await self._run(
+                "promote", [self.keys.scheduled()], [self._now_arg(), limit]
             )
             total += int(taken)
             if int(taken) < limit:
-                return total, (None if int(next_due) < 0 else int(next_due))
+                if int(next_due) < 0:
+                    return total, None
+                return total, int(next_due) - int(shard_now) + self.clock.now_ms()
 
     async def reap(self, limit: int | None = None) -> tuple[int, int]:
         """Take back expired leases until none is left: (back to ready, to dead)."""
@@ -229,7 +251,7 @@ class ShardClient:
             taken, to_ready, to_dead = await self._run(
                 "reap",
                 [self.keys.leases()],
-                [self.clock.now_ms(), limit, self.settings.retention_ms],
+                [self._now_arg(), limit, self.settings.retention_ms],
             )
             ready += int(to_ready)
             dead += int(to_dead)
@@ -279,7 +301,7 @@ class ShardClient:
         flat = await self._run(
             "claim",
             [k.fence(), k.leases()],
-            [self.clock.now_ms(), lease_ms, max_jobs, worker_id, *names],
+            [self._now_arg(), lease_ms, max_jobs, worker_id, *names],
         )
         return ClaimedJob.from_reply(flat)
 
@@ -309,7 +331,7 @@ class ShardClient:
         codes = await self._run(
             "heartbeat",
             [self.keys.leases()],
-            [self.clock.now_ms(), lease_ms, *self._lease_args(leases)],
+            [self._now_arg(), lease_ms, *self._lease_args(leases)],
         )
         return [ItemCode(int(c)) for c in codes]
 
@@ -320,7 +342,7 @@ class ShardClient:
         codes = await self._run(
             "ack",
             [],
-            [self.clock.now_ms(), self.settings.retention_ms, *self._lease_args(leases)],
+            [self._now_arg(), self.settings.retention_ms, *self._lease_args(leases)],
         )
         return [ItemCode(int(c)) for c in codes]
 
@@ -335,21 +357,26 @@ class ShardClient:
         validation.int_in_range(avoid_ms, 0, validation.MAX_TIMEOUT_MS, "avoid_ms")
         if not leases:
             return []
-        args = [self.clock.now_ms(), self.settings.retention_ms, avoid_ms]
+        args = [self._now_arg(), self.settings.retention_ms, avoid_ms]
         codes = await self._run("release", [], args + self._lease_args(leases))
         return [ItemCode(int(c)) for c in codes]
 
     async def fail(self, failures: Sequence[Failure]) -> list[FailResult]:
-        """Record failed attempts: retry after backoff, or dead when attempts are used up."""
+        """Record failed attempts: retry after backoff, or dead when attempts are used up.
+
+        A retry's run-at is the shard's now plus the backoff; a ``retry_at_ms`` given (by this
+        client's clock) is sent as the delay from this client's now.
+        """
         if not failures:
             return []
         now = self.clock.now_ms()
-        args: list[Any] = [now, self.settings.retention_ms]
+        args: list[Any] = [self._now_arg(), self.settings.retention_ms]
         for f in failures:
-            retry_at = f.retry_at_ms
-            if retry_at is None:
-                retry_at = now + self.settings.backoff.delay_ms(max(1, f.attempt))
-            args += [f.job_id, f.fence, f.error[:4096], retry_at, int(f.permanent)]
+            if f.retry_at_ms is None:
+                retry_in = self.settings.backoff.delay_ms(max(1, f.attempt))
+            else:
+                retry_in = max(0, f.retry_at_ms - now)
+            args += [f.job_id, f.fence, f.error[:4096], retry_in, int(f.permanent)]
         rows = await self._run("fail", [], args)
         return [FailResult.from_reply(row) for row in rows]
 
@@ -364,7 +391,7 @@ class ShardClient:
         validation.tenant_id(tenant)
         validation.job_id(job_id)
         code, state = await self._run(
-            "cancel", [], [tenant, job_id, self.clock.now_ms(), self.settings.retention_ms]
+            "cancel", [], [tenant, job_id, self._now_arg(), self.settings.retention_ms]
         )
         code = ItemCode(int(code))
         if code is ItemCode.NOT_FOUND:
@@ -397,6 +424,45 @@ class ShardClient:
         if rec is None or rec.tenant != tenant:
             raise NotFound(f"no job {job_id}", field="job_id")
         return rec
+
+    # --- result rows the shard loop writes (shard/rows.py) ---------------------------------
+
+    async def outbox(self, limit: int) -> list[tuple[str, int]]:
+        """The oldest ``limit`` jobs waiting for their result row: (job ID, score in ms)."""
+        raw = await self._r.zrange(self.keys.outbox(), 0, limit - 1, withscores=True)
+        return [(_s(m), int(score)) for m, score in raw]
+
+    async def outbox_depth(self) -> int:
+        return int(await self._r.zcard(self.keys.outbox()))
+
+    async def in_outbox(self, job_ids: Sequence[str]) -> set[str]:
+        """Those of ``job_ids`` that wait on the outbox."""
+        if not job_ids:
+            return set()
+        scores = await self._r.zmscore(self.keys.outbox(), list(job_ids))
+        return {j for j, sc in zip(job_ids, scores, strict=True) if sc is not None}
+
+    async def records(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        """The jobs of ``job_ids`` that still have a hash, in order (any tenant)."""
+        return await self._records(job_ids) if job_ids else []
+
+    async def dead_ids(self, tenant: str, offset: int, limit: int) -> list[str]:
+        """A page of a tenant's dead job IDs, oldest death first."""
+        ids = await self._r.zrange(self.keys.dead(tenant), offset, offset + limit - 1)
+        return [_s(m) for m in ids]
+
+    async def rows_written(self, items: Sequence[tuple[str, int | None, str]]) -> list[bool]:
+        """After the rows of ``items`` (job ID, outbox score or None, the row's status) are
+        committed: off the outbox (unless put back since), and Redis takes the row's status
+        where it differs (``rows_written.lua``). One flag per item: Redis changed."""
+        out: list[bool] = []
+        step = self.settings.max_batch
+        for i in range(0, len(items), step):
+            args: list[Any] = [self.settings.retention_ms]
+            for job_id, score, status in items[i : i + step]:
+                args += [job_id, "" if score is None else score, status]
+            out += [bool(int(f)) for f in await self._run("rows_written", [], args)]
+        return out
 
     async def dedupe_entries(
         self, tenant: str, request_ids: Sequence[str]

@@ -125,6 +125,14 @@ class Keys:
         """ZSET: one tenant's dead job IDs, scored by the time they died (unix ms)."""
         return f"{self.prefix}:dead:{tenant}"
 
+    def outbox(self) -> str:
+        """ZSET: IDs of jobs that ended (dead, cancelled) with no worker writing their result
+        row, scored by when they ended (unix ms): the reaper's dead and cancelled jobs, jobs
+        cancelled while scheduled or ready, and active jobs whose cancel won over their ack or
+        fail. Added to in the script that ends the job; the leading shard loop writes the rows
+        (:mod:`shard.rows`) and takes the IDs off after the commit (``rows_written.lua``)."""
+        return f"{self.prefix}:outbox"
+
     def dedupe(self, tenant: str, request_id: str) -> str:
         """STRING ``"{job_id} {digest}"`` with a TTL (the retention window)."""
         return f"{self.prefix}:dedupe:{tenant}:{request_id}"
@@ -188,6 +196,12 @@ class Keys:
         has not yet seen the move is told to reload the map instead of adding work here.
         """
         return f"{self.prefix}:mapfence"
+
+    def identity(self) -> str:
+        """STRING: the ID of the shard this Redis holds the data of, written when the shard
+        map first names this address (``coordinator/shardcheck.py``): a re-pointed address
+        must hold the same shard's data, and a new shard's address none of another's."""
+        return f"{self.prefix}:identity"
 
     def moving(self, tenant: str) -> str:
         """SET: IDs of a moving tenant's jobs taken off this (source) shard's queues and not

@@ -1,9 +1,11 @@
 """The shard loop (``shardq-shard``): one active per shard, by a leader lease in its Redis.
 
-The leader promotes due jobs, fires recurring schedules, reaps expired leases and samples
-every tenant's load (:mod:`shard.load`). When it starts leading it also converts what a shard
-written by an earlier shardq still holds in the previous key layout (``upgrade_layout.lua``:
-ready lists without queues, rings per priority, the weights hash), alongside the rest. It
+The leader promotes due jobs, fires recurring schedules, reaps expired leases, samples
+every tenant's load (:mod:`shard.load`) and, given the results database, writes the rows of
+jobs that ended without a worker and reconciles Redis with the rows (:mod:`shard.rows`).
+When it starts leading it also converts what a shard written by an earlier shardq still holds
+in the previous key layout (``upgrade_layout.lua``: ready lists without queues, rings per
+priority, the weights hash), alongside the rest. It
 sleeps exactly until the next due job or cron tick, and wakes at once when an earlier job is
 scheduled (``enqueue``/``fail`` push a token on ``promoter_wake``). A standby retries the lease
 every third of its TTL, so it takes over within ~1.3 TTL of the leader dying. Promotion is
@@ -27,6 +29,7 @@ from shardq.shard import cron
 from shardq.shard.client import ShardClient
 from shardq.shard.load import LoadSampler, TenantGauges
 from shardq.shard.models import DueTick, NewJob
+from shardq.shard.rows import TerminalRows
 
 log = logging.getLogger("shardq.shard")
 
@@ -83,9 +86,15 @@ class ShardLoop:
     """Runs until :meth:`stop`; ``role`` is ``leader``, ``standby`` or ``disconnected``."""
 
     def __init__(
-        self, shard: ShardClient, settings: LoopSettings, metrics: LoopMetrics | None = None
+        self,
+        shard: ShardClient,
+        settings: LoopSettings,
+        metrics: LoopMetrics | None = None,
+        rows: TerminalRows | None = None,
     ) -> None:
         self.shard = shard
+        #: None: no results database; ended jobs wait on the outbox (shardq-shard warns).
+        self.rows = rows
         self.settings = settings
         self.metrics = metrics or LoopMetrics(CollectorRegistry(), "0")
         self.role = "standby"
@@ -139,8 +148,13 @@ class ShardLoop:
                 group.create_task(self._reap_forever())
                 if self.settings.load_interval_s > 0:
                     group.create_task(self._sample_load_forever())
+                if self.rows is not None:
+                    group.create_task(self.rows.run())
         except* LeadershipLost:
-            log.warning("leader lease lost; standing by")
+            if self._stopping.is_set():  # a clean stop: run() releases the lease itself
+                log.info("stopping; giving up the leader lease")
+            else:
+                log.warning("leader lease lost; standing by")
         finally:
             self.metrics.leader.set(0)
             # Only the leader samples: a standby showing its last figures would show stale ones.

@@ -144,7 +144,7 @@ def _text(value: bytes | str | None) -> str:
 class PreparedJob:
     """A job checked and completed by ``ShardClient.prepare``, ready for ``enqueue.lua``.
 
-    The fields are declared in the order ``enqueue.lua`` reads them from its ARGV (12 per job,
+    The fields are declared in the order ``enqueue.lua`` reads them from its ARGV (13 per job,
     :data:`ENQUEUE_STRIDE`); :meth:`to_argv` writes them in that order. The last one carries
     the caller's defaults for the admission limits the tenant's ``limits:{t}`` hash does not
     set (``NewJob.limits``), checked with the write and not stored: four numbers in one
@@ -158,7 +158,12 @@ class PreparedJob:
     handler: str
     payload: bytes
     priority: int
-    run_at_ms: int
+    #: The run-at the caller asked for (unix ms), as given; None for a job due after
+    #: ``delay_ms`` by the shard's clock, which ``enqueue.lua`` reads: then its run-at is
+    #: exactly its created-at plus ``delay_ms``, whatever the caller's clock says.
+    run_at_ms: int | None
+    #: With no ``run_at_ms``: ms after its creation the job is due (0: at once).
+    delay_ms: int
     max_attempts: int
     timeout_ms: int
     #: Of handler and payload (``shard.client.digest``): what makes two submits the same job.
@@ -170,7 +175,7 @@ class PreparedJob:
     limit_defaults: str
 
     def to_argv(self) -> list[Any]:
-        """This job's 12 ARGV entries for ``enqueue.lua``, in the order it reads them."""
+        """This job's 13 ARGV entries for ``enqueue.lua``, in the order it reads them."""
         return [
             self.tenant,
             self.job_id,
@@ -178,7 +183,8 @@ class PreparedJob:
             self.handler,
             self.payload,
             self.priority,
-            self.run_at_ms,
+            "" if self.run_at_ms is None else self.run_at_ms,
+            self.delay_ms,
             self.max_attempts,
             self.timeout_ms,
             self.digest,
@@ -202,27 +208,29 @@ ENQUEUE_STRIDE: Final = len(ENQUEUE_ARGV)
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
-    """``enqueue.lua``'s answer for one job: ``{code, job_id, state, retry_after_ms}``."""
+    """``enqueue.lua``'s answer for one job:
+    ``{code, job_id, state, retry_after_ms, created_at_ms, run_at_ms}``."""
 
     code: ItemCode
     job_id: str
     state: JobState
     retry_after_ms: int = 0
-    #: The new job's created-at (unix ms) when this call created it (OK); 0 otherwise.
+    #: The new job's created-at and run-at (unix ms, by the shard's clock: hash fields ``ca``
+    #: and ``ra``) when this call created it (OK); 0 otherwise.
     created_at_ms: int = 0
+    run_at_ms: int = 0
 
     @classmethod
-    def from_reply(cls, row: Sequence[Any], now_ms: int) -> EnqueueResult:
-        """One entry of the reply of an enqueue called with ARGV[1] = ``now_ms`` (which the
-        script stamps on a job it creates as hash field ``ca``)."""
-        code, job_id, state, retry_after_ms = row
-        item = ItemCode(int(code))
+    def from_reply(cls, row: Sequence[Any]) -> EnqueueResult:
+        """One entry of ``enqueue.lua``'s reply."""
+        code, job_id, state, retry_after_ms, created_at_ms, run_at_ms = row
         return cls(
-            item,
+            ItemCode(int(code)),
             _text(job_id),
             JobState.parse(state),
             int(retry_after_ms),
-            now_ms if item is ItemCode.OK else 0,
+            int(created_at_ms),
+            int(run_at_ms),
         )
 
     @property
@@ -318,11 +326,11 @@ class JobRecord:
     @classmethod
     def of_new(cls, job: PreparedJob, result: EnqueueResult) -> JobRecord:
         """The record of a job that ``enqueue.lua`` just created (``result.code`` OK) from
-        ``job``: the hash it wrote, without reading it back."""
+        ``job``: the hash it wrote, without reading it back (its times from the reply)."""
         return cls(
             job_id=result.job_id, tenant=job.tenant, request_id=job.request_id,
             handler=job.handler, payload=job.payload, priority=job.priority,
-            state=result.state, run_at_ms=job.run_at_ms, created_at_ms=result.created_at_ms,
+            state=result.state, run_at_ms=result.run_at_ms, created_at_ms=result.created_at_ms,
             attempts=0, max_attempts=job.max_attempts, timeout_ms=job.timeout_ms, fence=0,
             worker_id="", started_at_ms=0, finished_at_ms=0, last_error="",
             cancel_requested=False, queue=job.queue, avoid_worker_id="", avoid_until_ms=0,
@@ -336,7 +344,7 @@ class JobRecord:
 class ClaimedJob:
     """A job this worker now holds a lease on; ``fence`` must accompany every later call.
 
-    The fields are declared in the order of ``claim.lua``'s reply, 13 entries per job
+    The fields are declared in the order of ``claim.lua``'s reply, 14 entries per job
     (:data:`CLAIM_STRIDE`); :meth:`from_reply` reads them in that order.
     """
 
@@ -355,6 +363,9 @@ class ClaimedJob:
     timeout_ms: int
     #: The queue it was claimed from (hash field ``q``; absent means ``default``).
     queue: str
+    #: When this claim started the attempt, by the shard's clock (hash field ``sa``): the
+    #: started-at of its result row, comparable with ``run_at_ms`` and ``created_at_ms``.
+    started_at_ms: int = 0
 
     @classmethod
     def from_reply(cls, flat: Sequence[Any]) -> list[ClaimedJob]:
@@ -376,6 +387,7 @@ class ClaimedJob:
                 max_attempts=int(flat[i + 10]),
                 timeout_ms=int(flat[i + 11]),
                 queue=flat[i + 12].decode(),
+                started_at_ms=int(flat[i + 13]),
             )
             for i in range(0, len(flat), CLAIM_STRIDE)
         ]

@@ -42,6 +42,7 @@ SCRIPT_NAMES = (
     "pause",
     "resume",
     "upgrade_layout",
+    "rows_written",
 )
 
 

@@ -3,6 +3,10 @@
 While the coordinator is unreachable the worker keeps serving the shards it has: a
 coordinator restart must not stop work. The open stream is also this worker's sign of life.
 Runs until cancelled.
+
+A coordinator that is starting, restarting or rolling is a normal event, not one to page
+anyone for: retries (with backoff) log at INFO and DEBUG, one WARNING comes once it has been
+unreachable for ``warn_after_s`` (10 s), and an INFO line says when it is back.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import logging
 import random
 import socket
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +38,43 @@ class Endpoint:
 
 OnChange = Callable[[dict[int, Endpoint]], None]
 
+#: How long the coordinator may be unreachable before a WARNING says so (once per outage).
+WARN_AFTER_S = 10.0
+
+
+class Outage:
+    """When the coordinator stopped answering, and what has been said about it: a first INFO,
+    DEBUG for every retry, one WARNING past ``warn_after_s``, an INFO when it is back."""
+
+    def __init__(self, target: str, warn_after_s: float) -> None:
+        self.target = target
+        self.warn_after_s = warn_after_s
+        self.since: float | None = None
+        self.warned = False
+
+    def failed(self, why: str) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            log.info("coordinator %s unreachable (%s); retrying, keeping current shards",
+                     self.target, why)  # fmt: skip
+        elif not self.warned and now - self.since >= self.warn_after_s:
+            self.warned = True
+            log.warning(
+                "coordinator %s unreachable for %.0f s (%s); still retrying, keeping current "
+                "shards", self.target, now - self.since, why,
+            )  # fmt: skip
+        else:
+            log.debug("coordinator %s still unreachable (%s)", self.target, why)
+
+    def answered(self) -> None:
+        if self.since is not None:
+            log.info(
+                "coordinator %s is back after %.1f s", self.target, time.monotonic() - self.since
+            )
+        self.since = None
+        self.warned = False
+
 
 def _channel(target: str, ca_file: str) -> grpc.aio.Channel:
     if ca_file:
@@ -50,6 +92,7 @@ async def follow(
     ca_file: str = "",
     queues: Sequence[str] = (),
     handlers: Collection[str] = (),
+    warn_after_s: float = WARN_AFTER_S,
 ) -> None:
     """Follow the assignment of this worker, which serves ``queues`` with ``handlers``."""
     request = workers_pb2.WatchAssignmentRequest(
@@ -61,12 +104,14 @@ async def follow(
     )
     metadata = (("authorization", f"Bearer {token}"),)
     delay = 0.1
+    outage = Outage(target, warn_after_s)
     while True:
         async with _channel(target, ca_file) as channel:
             stub = workers_pb2_grpc.WorkerServiceStub(channel)
             try:
                 async for assignment in stub.WatchAssignment(request, metadata=metadata):
                     delay = 0.1
+                    outage.answered()
                     shards = {
                         s.shard_id: Endpoint(s.address, tuple(s.queues)) for s in assignment.shards
                     }
@@ -86,6 +131,8 @@ async def follow(
                     grpc.StatusCode.PERMISSION_DENIED,
                 ):
                     raise
-                log.warning("assignment stream broke (%s); keeping current shards", exc.code())
+                outage.failed(exc.code().name)
+            else:
+                outage.failed("the assignment stream ended")
         await asyncio.sleep(random.uniform(0, delay))
         delay = min(delay * 2, 5.0)

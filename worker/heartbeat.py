@@ -1,6 +1,12 @@
 """Lease heartbeats on a thread of their own, so a handler that hogs the event loop (or the
 GIL in long slices) cannot make this worker lose its leases. One call per shard extends every
-in-flight lease; a lost or cancelled lease is reported back to the worker's loop."""
+in-flight lease; a lost or cancelled lease is reported back to the worker's loop.
+
+A heartbeat works on a snapshot of the leases. The worker removes a lease here *before* it
+sends the ack (fail, release) that ends it, so a STALE_LEASE for a lease no longer held when
+the answer comes is that ack's doing, not a loss, and is not reported: the ack reached Redis
+after the removal, the heartbeat after the ack, and the check after the heartbeat.
+"""
 
 from __future__ import annotations
 
@@ -54,6 +60,11 @@ class Heartbeater:
         with self._lock:
             self._leases.get(shard_id, {}).pop(job_id, None)
 
+    def holds(self, shard_id: int, lease: Lease) -> bool:
+        """Whether ``lease`` (this job, this fence) is still one to keep alive."""
+        with self._lock:
+            return self._leases.get(shard_id, {}).get(lease.job_id) == lease
+
     def _snapshot(self) -> list[tuple[int, str, list[Lease]]]:
         with self._lock:
             return [
@@ -80,7 +91,9 @@ class Heartbeater:
                         log.warning("heartbeat to shard %s failed: %s", shard_id, exc)
                         continue
                     for lease, code in zip(leases, codes, strict=True):
-                        if code is not ItemCode.OK:
+                        # Removed since the snapshot: settled by the worker, whose own call
+                        # says whether the lease was still its own (see the module's doc).
+                        if code is not ItemCode.OK and self.holds(shard_id, lease):
                             self._on_lost(shard_id, lease.job_id, code)
         finally:
             for c in clients.values():

@@ -80,7 +80,9 @@ class WorkerMetrics:
             wait = self._queue_wait.get(handler)
             if wait is None:
                 wait = self._queue_wait[handler] = self.queue_wait.labels(handler)
-            wait.observe(max(0, now_ms - job.run_at_ms) / 1000)
+            # Both by the shard's clock when the claim says when it started (this worker's
+            # clock may be off); ``now_ms`` for a record without it.
+            wait.observe(max(0, (job.started_at_ms or now_ms) - job.run_at_ms) / 1000)
 
     def claimed(self, job: ClaimedJob, now_ms: int) -> None:
         self.claimed_many([job], now_ms)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import multiprocessing
 import time
 from collections import defaultdict
 from collections.abc import Mapping
@@ -150,8 +151,14 @@ class Worker:
         self._async_sessions = async_sessionmaker(self.engine, expire_on_commit=False)
         self._sync_sessions: sessionmaker[Any] | None = None
         self._threads = ThreadPoolExecutor(settings.thread_pool_size, "shardq-handler")
+        # Not forked from this process: a fork while gRPC's threads hold its locks can kill
+        # the child ("terminated abruptly", BrokenProcessPool for every later job).
         self._procs = (
-            ProcessPoolExecutor(settings.process_pool_size) if settings.process_pool_size else None
+            ProcessPoolExecutor(
+                settings.process_pool_size, mp_context=multiprocessing.get_context("forkserver")
+            )
+            if settings.process_pool_size
+            else None
         )
         self.shards: dict[int, ShardHandle] = {}
         self._starting: set[asyncio.Task[None]] = set()
@@ -390,6 +397,9 @@ class Worker:
         self, run: Running, status: JobState, result: Any = None, error: str = ""
     ) -> ResultRow:
         job = run.job
+        # The shard's clock, like every time of the job in Redis (created, run-at, started):
+        # this worker's clock may be off. Finished = that start plus the run's duration here.
+        started = job.started_at_ms or run.started_ms
         return ResultRow(
             tenant_id=job.tenant,
             request_id=job.request_id,
@@ -401,8 +411,8 @@ class Worker:
             fence=job.fence,
             queued_ms=job.run_at_ms,
             worker_id=self.settings.worker_id,
-            started_ms=run.started_ms,
-            finished_ms=now_ms(),
+            started_ms=started,
+            finished_ms=started + max(0, now_ms() - run.started_ms),
             result=result,
             error=error or None,
         )
@@ -418,8 +428,7 @@ class Worker:
             return
         run.lost = code
         if code is ItemCode.STALE_LEASE:
-            self.metrics.lease_lost.inc()
-            log.warning("lease lost", extra={"job_id": job_id, "shard": shard_id})
+            self._lease_lost_here(shard_id, job_id)
         if run.task is not None and not run.task.done():
             run.task.cancel()
 
@@ -454,6 +463,11 @@ class Worker:
         # Rows first, then acks: a crash in between leaves rows whose jobs get re-delivered
         # and acked without running (already_done), never an acked job without its row.
         await self._retry_db(lambda: self.results.write(rows))
+        # No more heartbeats for these leases, before the calls that end them: a heartbeat
+        # answered after an ack would otherwise read as a lost lease (worker/heartbeat.py).
+        # Those calls' own answers tell a lease that really was lost (_count_stale).
+        for o in batch:
+            self.heartbeater.remove(o.run.shard_id, o.run.job.job_id)
         by_shard: dict[int, dict[str, list[Outcome]]] = defaultdict(lambda: defaultdict(list))
         for o in batch:
             by_shard[o.run.shard_id][o.kind].append(o)
@@ -469,9 +483,9 @@ class Worker:
         unrunnable = kinds.get("unrunnable", [])
         try:
             if done:
-                await client.ack([o.run.lease for o in done])
+                self._count_stale(done, await client.ack([o.run.lease for o in done]))
             if failures:
-                await client.fail(
+                failed = await client.fail(
                     [
                         Failure(
                             o.run.job.job_id,
@@ -484,19 +498,33 @@ class Worker:
                         for o in failures
                     ]
                 )
+                self._count_stale(failures, [r.code for r in failed])
             if released:
-                await client.release([o.run.lease for o in released])
+                self._count_stale(released, await client.release([o.run.lease for o in released]))
             if unrunnable:
-                await client.release(
+                codes = await client.release(
                     [o.run.lease for o in unrunnable],
                     avoid_ms=self.settings.unknown_handler_backoff_ms,
                 )
+                self._count_stale(unrunnable, codes)
         except RedisError as exc:
             # Rows are committed; the leases expire and re-delivery acks them (already_done).
             log.warning("settling on shard %s failed: %s", shard_id, exc)
         for kind, outcomes in kinds.items():
             for o in outcomes:
                 self.metrics.finished(o.run.job, kind, o.finished_ms - o.run.started_ms, o.dies)
+
+    def _count_stale(self, outcomes: list[Outcome], codes: list[ItemCode]) -> None:
+        """A lease found lost by the call that ends it (the heartbeat did not see it first:
+        the handler had returned): logged and counted once, like one the heartbeat finds."""
+        for o, code in zip(outcomes, codes, strict=True):
+            if code is ItemCode.STALE_LEASE and o.run.lost is not ItemCode.STALE_LEASE:
+                o.run.lost = code
+                self._lease_lost_here(o.run.shard_id, o.run.job.job_id)
+
+    def _lease_lost_here(self, shard_id: int, job_id: str) -> None:
+        self.metrics.lease_lost.inc()
+        log.warning("lease lost", extra={"job_id": job_id, "shard": shard_id})
 
     def _finish(self, run: Running) -> None:
         self.running.pop((run.shard_id, run.job.job_id), None)

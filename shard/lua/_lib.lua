@@ -33,6 +33,7 @@ local function k_map_fence() return base .. 'mapfence' end
 local function k_moving(t) return base .. 'moving:' .. t end
 local function k_moving_schedules(t) return base .. 'movingsched:' .. t end
 local function k_moved_counts(t) return base .. 'movedcounts:' .. t end
+local function k_outbox() return base .. 'outbox' end
 -- The previous layout (one queue; rings per priority), read only by upgrade_layout.lua.
 local function k_old_ready(t, prio) return base .. 'ready:' .. t .. ':' .. prio end
 local function k_old_ring(prio) return base .. 'ring:' .. prio end
@@ -140,6 +141,12 @@ local function push_dead(id, tenant, now)
   redis.call('HINCRBY', k_counts(tenant), 'dead', 1)
 end
 
+-- The job ended dead or cancelled with no worker writing its result row: the shard loop
+-- writes it (shard/rows.py). In the same script as the state change, so no crash loses it.
+local function to_outbox(id, now)
+  redis.call('ZADD', k_outbox(), now, id)
+end
+
 -- The job leaves scheduled/ready/active for good (done, dead, cancelled, moved away): its
 -- payload no longer counts in the tenant's 'bytes' (at settle()).
 local function uncount_bytes(job, tenant)
@@ -152,6 +159,18 @@ local function end_lease(id, tenant)
   redis.call('ZREM', k_leases(), id)
   redis.call('ZREM', k_tactive(tenant), id)
   unpark_if_below_cap(tenant, redis.call('HINCRBY', k_counts(tenant), 'active', -1))
+end
+
+-- The shard's clock, unix ms: one clock for every time a job records (created, run-at, started,
+-- finished) and every lease deadline, whichever machine called. `arg` is a script's now_ms
+-- ARGV entry: "0" (ShardClient on the system clock) reads Redis TIME, once per call; any other
+-- value is used as given (tests drive time with a FakeClock). TIME before writes is allowed
+-- since Redis 5 replicates a script's effects, not the script (7.0 knows nothing else).
+local function shard_now(arg)
+  local given = tonumber(arg) or 0
+  if given > 0 then return given end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- Codes shared with shard/codes.py (ItemCode).

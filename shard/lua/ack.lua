@@ -2,15 +2,16 @@
 -- changes nothing; a job cancelled while it ran ends as cancelled, not succeeded.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, counts, limits,
 --                                              parked, paused, tqpaused, tqueues, qring,
---                                              inring, wake keys
--- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
+--                                              inring, wake, outbox keys
+-- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
+--                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  retention_ms              (int)     how long the finished job hash is kept
 -- ARGV[3..] pairs: job_id, fence    (string, int) fence must equal job hash field 'f'
 -- An acked job gets 's' = 'succeeded' (or 'cancelled' when its 'cx' is 1) and 'fa' = now_ms;
 -- its payload leaves counts:{t} 'bytes'. A tenant parked at its max_active is un-parked (back
 -- on its rings, their workers woken) once below it.
 -- Returns  one code per pair: OK | CANCELLED (ended as cancelled) | STALE_LEASE
-local now, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, retention = shard_now(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 for i = 3, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
@@ -23,6 +24,7 @@ for i = 3, #ARGV, 2 do
     end_lease(id, tenant)
     if j[3] == '1' then
       redis.call('HSET', job, 's', 'cancelled', 'fa', now)
+      to_outbox(id, now) -- its worker may have committed a succeeded row: the loop settles it
       out[#out + 1] = CANCELLED
     else
       redis.call('HSET', job, 's', 'succeeded', 'fa', now)

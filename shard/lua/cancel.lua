@@ -2,19 +2,21 @@
 -- its list and skipped by claim, which keeps this O(log N)); an active job is marked so that
 -- its completion is recorded as cancelled, and its worker learns it at the next heartbeat.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, scheduled, tscheduled, counts,
---                                              moving keys
+--                                              moving, outbox keys
 -- ARGV[1]  tenant                    (string)  the caller's tenant: another's job is NOT_FOUND
 -- ARGV[2]  job_id                    (string)
--- ARGV[3]  now_ms                    (int)     caller's clock, unix ms
+-- ARGV[3]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
+--                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[4]  retention_ms              (int)     how long the cancelled job hash is kept
 -- An active job gets 'cx' = 1; a job cancelled here gets 's' = 'cancelled' and 'fa' = now_ms,
--- and its payload leaves counts:{t} 'bytes'.
+-- and its payload leaves counts:{t} 'bytes', and its ID goes on {prefix}:outbox (scored
+-- now_ms): no worker writes its result row, the shard loop does.
 -- Returns  {code, state}, state being job hash field 's' ('' when there is no job):
 --          OK ('cancelled') | CANCEL_REQUESTED ('active')
 --          | ALREADY_TERMINAL (its final state) | NOT_FOUND
 --          | MOVING (its tenant is moving and the job is being copied to the target: the
 --            caller asks the target in a moment)
-local tenant, id, now, retention = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local tenant, id, now, retention = ARGV[1], ARGV[2], shard_now(ARGV[3]), tonumber(ARGV[4])
 local job = k_job(id)
 local j = redis.call('HMGET', job, 't', 's')
 if j[1] ~= tenant then return {NOT_FOUND, ''} end
@@ -34,4 +36,5 @@ uncount_bytes(job, tenant)
 settle()
 redis.call('HSET', job, 's', 'cancelled', 'fa', now)
 redis.call('PEXPIRE', job, retention)
+to_outbox(id, now)
 return {OK, 'cancelled'}

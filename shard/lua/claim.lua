@@ -13,7 +13,8 @@
 --                                              tqpaused, parked, tactive, counts, wake keys
 -- KEYS[2]  {prefix}:fence            (STRING)  fencing-token counter
 -- KEYS[3]  {prefix}:leases           (ZSET)    job_id scored by lease deadline (unix ms)
--- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
+-- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
+--                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  lease_ms                  (int)     lease length granted by this claim
 -- ARGV[3]  max_jobs                  (int)     most jobs to claim
 -- ARGV[4]  worker_id                 (string)  -> job hash field 'w' of each claimed job
@@ -22,8 +23,8 @@
 -- Each claimed job's hash gets 's' = 'active', 'f' = its new fence, 'sa' = now_ms, 'at' + 1,
 -- and loses 'xw'/'xu'; its tenant's 'ready' and 'active' gauges move (once per tenant per
 -- call). A tenant whose active jobs reach its max_active joins 'parked'.
--- Returns  a flat list, 13 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
---          entry j of job k = 0, 1, ... is reply[k*13+j]; "<- 'x'" names the hash field read
+-- Returns  a flat list, 14 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
+--          entry j of job k = 0, 1, ... is reply[k*14+j]; "<- 'x'" names the hash field read
 --   j=1   job_id           (string)          the hash's key {prefix}:job:{job_id}
 --   j=2   fence            (int)             <- 'f' (the token this claim took)
 --   j=3   tenant           (string)          <- 't'
@@ -37,9 +38,10 @@
 --   j=11  max_attempts     (int)             <- 'ma'
 --   j=12  timeout_ms       (int, ms)         <- 'to'
 --   j=13  queue            (string)          <- 'q' (the queue it was claimed from)
+--   j=14  started_at_ms    (int, unix ms)    <- 'sa' (now: this claim's start)
 -- When the batch filled up (or the skip cap was hit) and work remains in a queue, one wake-up
 -- token is left on that queue's wake list for another worker.
-local now, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, lease_ms = shard_now(ARGV[1]), tonumber(ARGV[2])
 local max_jobs, worker = tonumber(ARGV[3]), ARGV[4]
 local deadline = now + lease_ms
 local out = {}
@@ -152,7 +154,7 @@ local function take(q, t, i, id, j)
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, fence, t, j[4]
   out[n + 5], out[n + 6], out[n + 7], out[n + 8] = j[5], j[6], j[7], j[8]
   out[n + 9], out[n + 10], out[n + 11], out[n + 12] = j[9], attempts, j[10], j[11]
-  out[n + 13] = q
+  out[n + 13], out[n + 14] = q, now
   claimed = claimed + 1
 end
 

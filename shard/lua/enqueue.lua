@@ -5,48 +5,52 @@
 --                                              inring, scheduled, tscheduled, dedupe, counts,
 --                                              limits, bucket, tenants, mapfence, wake,
 --                                              promoter_wake keys
--- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
+-- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
+--                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  dedupe_ttl_ms             (int)     how long a request_id stays deduplicated
 -- ARGV[3]  map_version               (int)     shard-map version the caller routed with; 0 for
 --                                              the shard's own loop (cron), never refused
--- ARGV[4..] 12 entries per job (PreparedJob.to_argv in shard/records.py): entry j of job
---          k = 0, 1, ... is ARGV[3+k*12+j]; "-> 'x'" names the job hash field it is stored in
+-- ARGV[4..] 13 entries per job (PreparedJob.to_argv in shard/records.py): entry j of job
+--          k = 0, 1, ... is ARGV[3+k*13+j]; "-> 'x'" names the job hash field it is stored in
 --   j=1   tenant           (string)          -> 't'
 --   j=2   job_id           (string)          the hash's key {prefix}:job:{job_id}
 --   j=3   request_id       (string)          -> 'r' (and the dedupe key's name)
 --   j=4   handler          (string)          -> 'h'
 --   j=5   payload          (bytes)           -> 'p'
 --   j=6   priority         (int 0-9)         -> 'pr'
---   j=7   run_at_ms        (int, unix ms)    -> 'ra'
---   j=8   max_attempts     (int)             -> 'ma'
---   j=9   timeout_ms       (int, ms)         -> 'to'
---   j=10  digest           (string)          of handler+payload: kept in the dedupe key's value
---   j=11  queue            (string)          -> 'q' (not stored for 'default')
---   j=12  limit_defaults   (string)          "<max_pending> <max_pending_bytes> <rate> <burst>":
+--   j=7   run_at_ms        (int, unix ms)    -> 'ra'; '' for none: 'ra' = now + delay_ms
+--   j=8   delay_ms         (int, ms)         used when run_at_ms is '' (0: due now)
+--   j=9   max_attempts     (int)             -> 'ma'
+--   j=10  timeout_ms       (int, ms)         -> 'to'
+--   j=11  digest           (string)          of handler+payload: kept in the dedupe key's value
+--   j=12  queue            (string)          -> 'q' (not stored for 'default')
+--   j=13  limit_defaults   (string)          "<max_pending> <max_pending_bytes> <rate> <burst>":
 --          the caller's defaults of limits:{t} 'max_pending' (0 = none), 'max_pending_bytes'
 --          (bytes, 0 = none), 'rate' (float, per s, 0 = no limit) and 'burst' (0 = max(1,
 --          rate)), used where the tenant's limits:{t} hash has no such field; none is stored. A job made here also gets 's' = 'ready' (or
---          'scheduled' when run_at_ms > now_ms), 'ca' = now_ms, 'at' = 0 and 'f' = 0; its
+--          'scheduled' when its run-at > now), 'ca' = now, 'at' = 0 and 'f' = 0; its
 --          payload's length is added to counts:{t} 'bytes'.
--- Returns  one {code, job_id, state, retry_after_ms} per job, in order (EnqueueResult); job_id
---          is the hash's key, state its 's' ('' when there is no job):
+-- Returns  one {code, job_id, state, retry_after_ms, created_at_ms, run_at_ms} per job, in
+--          order (EnqueueResult); job_id is the hash's key, state its 's' ('' when there is no
+--          job), created_at_ms and run_at_ms its 'ca' and 'ra' when this call made it (OK),
+--          else 0:
 --   OK | DEDUPLICATED (job_id of the first job, its state or '' if it expired)
 --   | CONFLICT (same request_id, other handler/payload; job_id of the first)
 --   | OVER_QUOTA (max_pending or max_pending_bytes reached; retry_after_ms = 1000)
 --   | RATE_LIMITED (retry_after_ms: until the bucket holds a token)
 --   | STALE_MAP for every job when map_version is below the shard's map fence (a tenant is
 --     moving off this shard): nothing written; retry_after_ms holds the version needed
-local now = tonumber(ARGV[1])
+local now = shard_now(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local map_version = tonumber(ARGV[3])
-local STRIDE = 12
+local STRIDE = 13
 local FIRST = 4
 local out = {}
 
 if map_version > 0 then
   local needed = tonumber(redis.call('GET', k_map_fence()) or '0')
   if map_version < needed then
-    for _ = FIRST, #ARGV, STRIDE do out[#out + 1] = {STALE_MAP, '', '', needed} end
+    for _ = FIRST, #ARGV, STRIDE do out[#out + 1] = {STALE_MAP, '', '', needed, 0, 0} end
     return out
   end
 end
@@ -107,9 +111,9 @@ end
 
 for i = FIRST, #ARGV, STRIDE do
   local tenant, id, rid, handler, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  local prio, run_at = ARGV[i + 5], tonumber(ARGV[i + 6])
-  local max_attempts, timeout_ms, digest, q = ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10]
-  local l, dft = limits_of(tenant), defaults_of(ARGV[i + 11])
+  local prio, run_at = ARGV[i + 5], tonumber(ARGV[i + 6]) or now + tonumber(ARGV[i + 7])
+  local max_attempts, timeout_ms, digest, q = ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11]
+  local l, dft = limits_of(tenant), defaults_of(ARGV[i + 12])
   local max_pending = tonumber(l[1]) or dft[1]
   local max_bytes = tonumber(l[2]) or dft[2]
   local rate = tonumber(l[3]) or dft[3]
@@ -122,14 +126,14 @@ for i = FIRST, #ARGV, STRIDE do
     local first_id, first_digest = string.match(seen, '^(%S+) (%S+)$')
     local code = CONFLICT
     if first_digest == digest then code = DEDUPLICATED end
-    result = {code, first_id, redis.call('HGET', k_job(first_id), 's') or '', 0}
+    result = {code, first_id, redis.call('HGET', k_job(first_id), 's') or '', 0, 0, 0}
   elseif over_quota(tenant, counts, max_pending, max_bytes, #payload) then
-    result = {OVER_QUOTA, '', '', 1000}
+    result = {OVER_QUOTA, '', '', 1000, 0, 0}
   else
     local wait = 0
     if rate > 0 then wait = take_token(tenant, rate, burst) end
     if wait > 0 then
-      result = {RATE_LIMITED, '', '', wait}
+      result = {RATE_LIMITED, '', '', wait, 0, 0}
     else
       redis.call('SET', dkey, id .. ' ' .. digest, 'PX', ttl)
       local state = 'ready'
@@ -151,7 +155,7 @@ for i = FIRST, #ARGV, STRIDE do
         redis.call('SADD', k_tenants(), tenant)
         seen_tenants[tenant] = true
       end
-      result = {OK, id, state, 0}
+      result = {OK, id, state, 0, now, run_at}
     end
   end
   out[#out + 1] = result

@@ -9,7 +9,8 @@
 --                                              counts, tenants, fence, wake, promoter_wake,
 --                                              schedules, cron keys
 -- ARGV[1]  tenant
--- ARGV[2]  now_ms                    (int)
+-- ARGV[2]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
+--                                              value, unix ms (a dead job's score if no 'fa')
 -- ARGV[3]  n_jobs, ARGV[4] n_dedupe, ARGV[5] n_schedules
 -- ARGV[6..] n_jobs records:      job_id, pttl_ms (-1 = none), n_fields, field, value, ...
 --                                 (the source's job hash, field by field as stored: 't', 'r',
@@ -18,7 +19,7 @@
 --           n_dedupe records:    request_id, value, pttl_ms
 --           n_schedules records: schedule_id, spec (JSON), next_tick_ms
 -- Returns  {jobs added, dedupe keys added, schedules added}
-local tenant, now = ARGV[1], tonumber(ARGV[2])
+local tenant, now = ARGV[1], shard_now(ARGV[2])
 local n_jobs, n_dedupe, n_sched = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local i = 6
 local added_jobs, added_dedupe, added_sched = 0, 0, 0

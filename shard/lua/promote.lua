@@ -4,12 +4,14 @@
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, tprio, tqueues, qring, inring,
 --                                              tscheduled, counts, wake keys
 -- KEYS[2]  {prefix}:scheduled        (ZSET)    job_id scored by run_at_ms
--- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
+-- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
+--                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  limit                     (int)     most jobs to move in this call
 -- A promoted job's hash gets 's' = 'ready'; its queue is hash field 'q' (absent: 'default').
--- Returns  {taken, next_due_ms}: IDs taken off the ZSET (call again while taken == limit);
---          next_due_ms is -1 when nothing is scheduled
-local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- Returns  {taken, next_due_ms, now_ms}: IDs taken off the ZSET (call again while taken ==
+--          limit); next_due_ms is -1 when nothing is scheduled; now_ms is the now compared with
+--          run-at (the caller sleeps until next_due_ms by the shard's clock, not its own)
+local now, limit = shard_now(ARGV[1]), tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 local promoted = 0
 for _, id in ipairs(ids) do
@@ -28,4 +30,4 @@ settle()
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local next_due = -1
 if first[2] then next_due = tonumber(first[2]) end
-return {#ids, next_due}
+return {#ids, next_due, now}

@@ -3,16 +3,19 @@
 -- ZSET, never a key scan; at most `limit` per call (call again while reaped == limit).
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, tactive, ready, tprio, tqueues,
 --                                              qring, inring, dead, counts, limits, parked,
---                                              paused, tqpaused, wake keys
+--                                              paused, tqpaused, wake, outbox keys
 -- KEYS[2]  {prefix}:leases           (ZSET)    job_id scored by lease deadline (unix ms)
--- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
+-- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
+--                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  limit                     (int)     most leases to take back in this call
 -- ARGV[3]  retention_ms              (int)     how long a job cancelled meanwhile is kept
 -- A reaped job's hash gets 'e' = 'lease expired' and 's' = 'ready' (in its queue 'q'), or
 -- 'dead' / 'cancelled' with 'fa' = now_ms (its payload leaves counts:{t} 'bytes'). A tenant
--- parked at its max_active is un-parked once below it.
+-- parked at its max_active is un-parked once below it. A job ended dead or cancelled here has
+-- no worker to write its result row: its ID goes on {prefix}:outbox (scored now_ms), where
+-- the shard loop writes the row.
 -- Returns  {taken, to_ready, to_dead}: taken counts the expired leases removed
-local now, limit, retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, limit, retention = shard_now(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 local to_ready, to_dead = 0, 0
 for _, id in ipairs(ids) do
@@ -28,10 +31,12 @@ for _, id in ipairs(ids) do
       redis.call('HSET', job, 's', 'cancelled', 'fa', now, 'e', 'lease expired')
       redis.call('PEXPIRE', job, retention)
       uncount_bytes(job, tenant)
+      to_outbox(id, now)
     elseif tonumber(j[4]) >= tonumber(j[5]) then
       redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', 'lease expired')
       push_dead(id, tenant, now)
       uncount_bytes(job, tenant)
+      to_outbox(id, now)
       to_dead = to_dead + 1
     else
       redis.call('HSET', job, 's', 'ready', 'e', 'lease expired')

@@ -4,8 +4,9 @@
 -- attempt is not counted: the handler was stopped or never ran, it did not fail.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, ready, tprio,
 --                                              tqueues, qring, inring, counts, limits, parked,
---                                              paused, tqpaused, wake keys
--- ARGV[1]  now_ms                    (int)     caller's clock, unix ms
+--                                              paused, tqpaused, wake, outbox keys
+-- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
+--                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  retention_ms              (int)     how long a job cancelled meanwhile is kept
 -- ARGV[3]  avoid_ms                  (int, ms) 0: any worker may claim it again; > 0: not the
 --                                              one that held it (its 'w') before now + avoid_ms
@@ -16,7 +17,7 @@
 -- counts:{t} 'bytes'. A tenant parked at its max_active is un-parked once below it.
 -- Returns  one code per pair: OK | CANCELLED (cancel was requested: it ends cancelled)
 --          | STALE_LEASE (not ours any more: nothing changed)
-local now, retention, avoid_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, retention, avoid_ms = shard_now(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 for i = 4, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
@@ -31,6 +32,7 @@ for i = 4, #ARGV, 2 do
       redis.call('HSET', job, 's', 'cancelled', 'fa', now)
       redis.call('PEXPIRE', job, retention)
       uncount_bytes(job, tenant)
+      to_outbox(id, now) -- a released job gets no row from its worker: the shard loop writes it
       out[#out + 1] = CANCELLED
     else
       redis.call('HSET', job, 's', 'ready')

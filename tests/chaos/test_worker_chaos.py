@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from redis.asyncio import Redis
 
 from shardq.client import job_spec
+from shardq.shard import ShardClient
 from shardq.v1 import common_pb2
 from tests.support.cluster import Cluster, running_cluster
+from tests.support.handlers import EXECUTIONS, executions_in
 from tests.support.procs import CuttableProxy, start_worker, wait_until_serving
 from tests.support.workers import result_rows, running_worker, shard_loops, wait_for_rows
 
@@ -28,10 +30,10 @@ async def cluster(database_url: str) -> AsyncIterator[Cluster]:
         yield c
 
 
-def assert_one_row_each(rows: list[dict[str, object]], request_ids: set[str]) -> None:
-    counts = Counter(str(r["request_id"]) for r in rows)
-    assert set(counts) == request_ids
-    assert max(counts.values()) == 1
+def assert_a_row_each(rows: list[dict[str, object]], request_ids: set[str]) -> None:
+    """A row for every job and none for another; one row per job is the primary key's, so
+    how many times a handler ran is checked on its runs (``executions_in``), not here."""
+    assert {str(r["request_id"]) for r in rows} == request_ids
 
 
 def static_shards(cluster: Cluster) -> str:
@@ -51,9 +53,13 @@ async def active_jobs_of(cluster: Cluster, worker_id: str) -> set[str]:
 
 
 async def test_a_worker_killed_mid_run_loses_nothing_and_duplicates_nothing(
-    cluster: Cluster,
+    cluster: Cluster, tmp_path: Path
 ) -> None:
-    workers = [start_worker(cluster, name, concurrency=16) for name in ("w-a", "w-b")]
+    runs = str(tmp_path / "runs")
+    workers = [
+        start_worker(cluster, name, concurrency=16, test_executions_file=runs)
+        for name in ("w-a", "w-b")
+    ]
     try:
         for w in workers:
             await wait_until_serving(w)
@@ -78,17 +84,18 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_duplicates_nothing(
             orphans = await active_jobs_of(cluster, victim.worker_id)
         victim.signal(signal.SIGKILL)
         await asyncio.to_thread(victim.proc.wait, 10)
-        killed_at = asyncio.get_running_loop().time()
         # What it still held when it died (a row it committed just before may exist).
         orphans = await active_jobs_of(cluster, victim.worker_id)
         assert orphans, "the killed worker held no job: the test proves nothing"
         rows = await wait_for_rows(cluster.database_url, len(ids), timeout_s=120)
-        assert_one_row_each(rows, ids)
+        assert_a_row_each(rows, ids)
+        executions = executions_in(runs)
+        assert set(executions) == ids
+        # Only a job the killed worker held may have run twice.
+        assert {rid for rid, n in executions.items() if n > 1} <= orphans
         by_id = {r["request_id"]: r for r in rows}
         rerun = [o for o in orphans if by_id[o]["worker_id"] == survivor.worker_id]
         assert rerun, "none of the killed worker's jobs was run again"
-        # Re-run within lease TTL + reaper interval (+ generous slack for a loaded CI box).
-        assert asyncio.get_running_loop().time() - killed_at < 60
     finally:
         for w in workers:
             w.stop()
@@ -139,6 +146,7 @@ async def test_postgres_cut_off_for_seconds_loses_and_duplicates_nothing(
         async with running_worker(cluster, database_url=proxied, db_retry_cap_s=0.5) as worker:
             c = await cluster.client("acme")
             ids = {f"pg-{n}" for n in range(400)}
+            EXECUTIONS.clear()
             await c.submit_many(
                 [job_spec("test.work", {"n": n, "ms": 5}, request_id=f"pg-{n}") for n in range(400)]
             )
@@ -151,7 +159,9 @@ async def test_postgres_cut_off_for_seconds_loses_and_duplicates_nothing(
             assert acked <= rows_during
             proxy.restore()
             rows = await wait_for_rows(cluster.database_url, len(ids), timeout_s=90)
-            assert_one_row_each(rows, ids)
+            assert_a_row_each(rows, ids)
+            # Jobs held through the outage kept their leases: none ran twice.
+            assert {rid: EXECUTIONS[rid] for rid in ids} == dict.fromkeys(ids, 1)
             assert not worker.running
     finally:
         await proxy.stop()
@@ -172,7 +182,9 @@ async def succeeded_request_ids(cluster: Cluster) -> set[str]:
 async def test_sigterm_lets_short_jobs_finish_and_hands_long_ones_back_at_once(
     cluster: Cluster,
 ) -> None:
-    a = start_worker(cluster, "w-term", concurrency=8, drain_grace_s=1)
+    # A lease of ten minutes: only the hand-back can free the long jobs within the waits below
+    # (and a reaped job would run again as attempt 2, a handed-back one as attempt 1).
+    a = start_worker(cluster, "w-term", concurrency=8, drain_grace_s=1, lease_ms=600_000)
     b = None
     try:
         await wait_until_serving(a)
@@ -184,20 +196,23 @@ async def test_sigterm_lets_short_jobs_finish_and_hands_long_ones_back_at_once(
         while not long_ids <= await active_jobs_of(cluster, "w-term"):
             await asyncio.sleep(0.02)
         a.signal(signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
-        # Long jobs are handed back to ready right after the grace, not after a lease timeout.
-        while await active_jobs_of(cluster, "w-term"):
-            await asyncio.sleep(0.02)
-        handed_back_after = loop.time() - sent
+        # Long jobs are handed back to ready after the grace, not after a lease timeout.
+        async with asyncio.timeout(60):
+            while await active_jobs_of(cluster, "w-term"):
+                await asyncio.sleep(0.02)
         assert await asyncio.to_thread(a.proc.wait, 30) == 0
+        r = Redis(port=cluster.shards[cluster.coordinator.shard_map.shard_for("acme")].port)
+        try:
+            counts = await ShardClient(r, cluster.settings.shard).counts("acme")
+        finally:
+            await r.aclose()
+        assert counts.failed == 0  # no lease expired: the reaper counts each one it takes
         b = start_worker(cluster, "w-next", concurrency=8)
         rows = await wait_for_rows(cluster.database_url, 8, timeout_s=60)
         by_id = {r["request_id"]: r for r in rows}
         assert {by_id[f"s-{n}"]["worker_id"] for n in range(4)} == {"w-term"}
         assert {by_id[f"l-{n}"]["worker_id"] for n in range(4)} == {"w-next"}
         assert all(by_id[f"l-{n}"]["attempts"] == 1 for n in range(4))
-        assert handed_back_after < 1 + 1.0 + 2.0  # grace + one second + CI slack
     finally:
         a.stop()
         if b is not None:

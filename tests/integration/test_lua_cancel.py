@@ -25,6 +25,8 @@ async def test_cancelling_a_scheduled_job_ends_it_and_takes_it_off_the_delayed_s
     assert await dump(redis) == {
         "sq:job:J1": job_hash("J1", "cancelled", ra=str(NOW + 5_000), fa=str(LATER)),
         "sq:counts:acme": {"scheduled": "0", "submitted": "1", "bytes": "0"},
+        # No worker writes its cancelled row: the shard loop does, from the outbox.
+        "sq:outbox": [("J1", LATER)],
         **COMMON,
     }
     assert set(await ttls(redis)) == {"sq:job:J1", "sq:dedupe:acme:rJ1"}
@@ -43,6 +45,7 @@ async def test_cancelling_a_ready_job_ends_it_and_leaves_its_id_for_claim_to_ski
         "sq:job:J1": job_hash("J1", "cancelled", fa=str(LATER)),
         **ready_alone("acme", {0: ["J1"]}),
         "sq:counts:acme": {"ready": "0", "submitted": "1", "bytes": "0"},
+        "sq:outbox": [("J1", LATER)],
         **COMMON,
     }
     assert set(await ttls(redis)) == {"sq:job:J1", "sq:dedupe:acme:rJ1"}

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import FakeClock, ItemCode, Lease, NewJob, ShardClient, TenantLimits
+from shardq.shard import (
+    FakeClock,
+    ItemCode,
+    Lease,
+    NewJob,
+    ShardClient,
+    ShardSettings,
+    TenantLimits,
+)
 from shardq.shard.client import digest
 from shardq.shard.models import Failure
 from tests.support.shard import LEASE, NOW, WAKE, ready_alone
@@ -125,6 +135,19 @@ async def test_dedupe_expires_after_the_window(
     await shard.enqueue([job()])
     ttl = await redis.pttl("sq:dedupe:acme:r1")
     assert 0 < ttl <= shard.settings.dedupe_ttl_ms
+    # A window of 200 ms (Redis expires the key on its own clock, not the fake one): inside
+    # it the same request_id is the first job, after it a new one.
+    short = ShardClient(redis, replace(shard.settings, dedupe_ttl_ms=200), clock)
+    (first,) = await short.enqueue([job(request_id="r2", job_id="J2")])
+    assert first.code is ItemCode.OK
+    (again,) = await short.enqueue([job(request_id="r2", job_id="J3")])
+    assert (again.code, again.job_id) == (ItemCode.DEDUPLICATED, "J2")
+    async with asyncio.timeout(30):
+        while await redis.exists("sq:dedupe:acme:r2"):
+            await asyncio.sleep(0.02)
+    (after,) = await short.enqueue([job(request_id="r2", job_id="J3")])
+    assert (after.code, after.job_id) == (ItemCode.OK, "J3")
+    assert await redis.get("sq:dedupe:acme:r2") == f"J3 {digest('email.send', P)}".encode()
 
 
 async def test_over_quota_is_refused_and_writes_nothing(shard: ShardClient, redis: Redis) -> None:
@@ -235,3 +258,37 @@ async def test_the_payload_bytes_of_pending_jobs_are_counted_until_each_job_ends
     assert await pending_bytes() == 50  # dead -> ready: pending again
     clock.advance(LEASE)
     assert (await shard.tenant_load("acme")).pending_bytes == 50
+
+
+async def test_on_the_system_clock_the_scripts_stamp_the_shards_time(redis: Redis) -> None:
+    """A client on the system clock sends now_ms 0: created-at, run-at, started-at, finished-at
+    and the lease deadline all come from Redis TIME, and a delay is added to it exactly."""
+    shard = ShardClient(redis, ShardSettings(key_prefix="sq"))
+    assert shard.shard_time
+
+    def shard_ms(reply: list[bytes]) -> int:
+        return int(reply[0]) * 1000 + int(reply[1]) // 1000
+
+    before = shard_ms(await redis.time())
+    now, later = await shard.enqueue(
+        [job(job_id="J1"), job(request_id="r2", job_id="J2", delay_ms=5)]
+    )
+    after = shard_ms(await redis.time())
+    assert before <= now.created_at_ms <= after
+    assert (now.run_at_ms, later.run_at_ms) == (now.created_at_ms, later.created_at_ms + 5)
+    assert await redis.hmget("sq:job:J2", "ca", "ra") == [
+        str(later.created_at_ms).encode(), str(later.run_at_ms).encode()
+    ]  # fmt: skip
+
+    async with asyncio.timeout(10):
+        while (await shard.promote())[0] == 0:  # J2 is due 5 ms after it was created
+            await asyncio.sleep(0.001)
+    claimed = await shard.claim("w1", 2, LEASE)
+    assert [c.job_id for c in claimed] == ["J1", "J2"]
+    for c in claimed:
+        assert c.started_at_ms >= c.run_at_ms >= c.created_at_ms
+        assert await redis.zscore("sq:leases", c.job_id) == c.started_at_ms + LEASE
+    await shard.ack([Lease(c.job_id, c.fence) for c in claimed])
+    for c in claimed:
+        finished = int(await redis.hget(f"sq:job:{c.job_id}", "fa") or 0)
+        assert finished >= c.started_at_ms

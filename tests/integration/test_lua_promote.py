@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import FakeClock, ShardClient
+from shardq.shard import FakeClock, ShardClient, ShardSettings, SystemClock
 from tests.support.shard import (
     NOW,
     WAKE,
@@ -141,3 +141,25 @@ async def test_promote_works_in_capped_batches_until_nothing_is_due(
     assert stats["cmdstat_evalsha"]["calls"] == 3
     want = [f"J{i}".encode() for i in range(5)]
     assert await redis.lrange("sq:ready:acme:default:0", 0, -1) == want
+
+
+class BehindByAMinute(SystemClock):
+    """The system clock of a host whose clock is a minute behind the shard's."""
+
+    def now_ms(self) -> int:
+        return super().now_ms() - 60_000
+
+
+async def test_a_client_whose_clock_is_off_is_told_the_next_due_time_by_its_own_clock(
+    redis: Redis,
+) -> None:
+    # The job's times are the shard's; only the sleep until the next due job is the caller's.
+    shard = ShardClient(redis, ShardSettings(key_prefix="sq"), BehindByAMinute())
+    (res,) = await shard.enqueue([job("J1", delay_ms=10_000)])
+    taken, next_due = await shard.promote()
+    local = shard.clock.now_ms()
+    assert taken == 0 and next_due is not None
+    assert res.run_at_ms == res.created_at_ms + 10_000
+    assert abs(res.created_at_ms - (local + 60_000)) < 5_000  # stamped by the shard, not by us
+    # Due in 10 s from now by either clock (a few ms of this test's own running aside).
+    assert local + 9_000 < next_due <= local + 10_000

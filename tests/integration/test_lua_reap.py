@@ -67,6 +67,8 @@ async def test_an_expired_lease_on_the_last_attempt_sends_the_job_to_the_dead_se
         "sq:job:J1": claimed_hash("J1", "dead", 1, ma="1", fa=str(EXPIRED), e="lease expired"),
         "sq:fence": "1",
         "sq:dead:acme": [("J1", EXPIRED)],
+        # No worker writes its row: the shard loop does, from the outbox.
+        "sq:outbox": [("J1", EXPIRED)],
         "sq:counts:acme": {
             "ready": "0", "active": "0", "dead": "1", "submitted": "1", "failed": "1",
             "bytes": "0",
@@ -86,6 +88,7 @@ async def test_an_expired_lease_of_a_job_cancelled_while_active_ends_it_as_cance
     assert await dump(redis) == {
         "sq:job:J1": claimed_hash("J1", "cancelled", 1, cx="1", fa=str(EXPIRED), e="lease expired"),
         "sq:fence": "1",
+        "sq:outbox": [("J1", EXPIRED)],
         "sq:counts:acme": {
             "ready": "0",
             "active": "0",

@@ -73,6 +73,8 @@ async def test_releasing_a_job_cancelled_while_active_ends_it_cancelled(
     assert await redis.llen("sq:ready:acme:default:3") == 0
     assert await redis.hget("sq:counts:acme", "bytes") == b"0"
     assert await redis.hget("sq:counts:acme", "unrunnable") is None
+    # Its worker writes no row for a released job: the shard loop writes the cancelled one.
+    assert await redis.zrange("sq:outbox", 0, -1, withscores=True) == [(b"Jr1", NOW + 5)]
 
 
 async def test_a_job_handed_back_for_want_of_its_handler_is_marked_counted_and_ready(

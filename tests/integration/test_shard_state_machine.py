@@ -22,6 +22,7 @@ One redis-server and one event loop serve the whole run; each example starts fro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
+from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -74,8 +76,19 @@ def _is_wake(key: str) -> bool:
     return key == f"{P}:promoter_wake" or key.startswith(f"{P}:wake:")
 
 
+#: Longest Hypothesis shrinks a failure, in s (its own limit is 300 s): then it reports the
+#: smallest example found so far. Generation (~35 s on a quiet 2-core box) plus this stays
+#: within the test's timeout, so a failure is reported with its example, not cut off.
+SHRINK_S = 60
+#: The test's timeout, in s: generation, shrinking, the report and closing, with room for a
+#: loaded machine.
+TIMEOUT_S = 240
+#: Longest one Redis call of the machine may take, in s: a hung call fails the run instead of
+#: hanging it.
+CALL_TIMEOUT_S = 20.0
+
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=100,
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -243,6 +256,7 @@ def expected_keyspace(m: ShardModel) -> dict[str, Any]:
     exp: dict[str, Any] = {f"{P}:job:{j.job_id}": expected_hash(j) for j in m.jobs.values()}
     exp[f"{P}:scheduled"] = _zset((j.job_id, j.run_at) for j in m.in_state("scheduled"))
     exp[f"{P}:leases"] = _zset((j.job_id, j.lease_deadline) for j in m.in_state("active"))
+    exp[f"{P}:outbox"] = _zset(m.outbox.items())
     exp |= _per_tenant(m, "scheduled", "tscheduled", "run_at")
     exp |= _per_tenant(m, "active", "tactive", "started_at")
     exp |= _per_tenant(m, "dead", "dead", "finished_at")
@@ -301,7 +315,10 @@ class ShardJobsMachine(RuleBasedStateMachine):
         self.next_job = 0
 
     def run(self, aw: Awaitable[T]) -> T:
-        return self.loop.run_until_complete(aw)
+        try:
+            return self.loop.run_until_complete(asyncio.wait_for(aw, CALL_TIMEOUT_S))
+        except TimeoutError:
+            raise AssertionError(f"a Redis call took over {CALL_TIMEOUT_S} s") from None
 
     def snap(self) -> dict[str, Any]:
         return self.run(snapshot(self.redis))
@@ -602,13 +619,19 @@ class ShardJobsMachine(RuleBasedStateMachine):
         check_against_model(snap, self.model)
 
 
+@pytest.mark.timeout(TIMEOUT_S)
 def test_every_job_stays_in_exactly_one_state_whatever_the_operations(
-    redis_proc: RedisProcess,
+    redis_proc: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Hypothesis's shrink limit is a module constant, read when shrinking starts.
+    monkeypatch.setattr(hypothesis_engine, "MAX_SHRINKING_SECONDS", SHRINK_S)
     loop = asyncio.new_event_loop()
-    redis = Redis.from_url(redis_proc.url)
+    # A socket timeout too: no read on a wedged connection outlives the budget.
+    redis = Redis.from_url(redis_proc.url, socket_timeout=CALL_TIMEOUT_S)
     try:
         run_state_machine_as_test(lambda: ShardJobsMachine(loop, redis), settings=SETTINGS)
     finally:
-        loop.run_until_complete(redis.aclose())
+        # Closing cannot block the run: bounded, and nothing it raises hides the failure.
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(asyncio.wait_for(redis.aclose(), 5))
         loop.close()

@@ -93,6 +93,9 @@ class ShardModel:
     #: '{tenant}/{queue}' of one tenant's paused queue.
     paused_tenant_queues: set[str] = field(default_factory=set)
     parked: set[str] = field(default_factory=set)
+    #: job ID -> when it ended dead or cancelled with no worker to write its row (the
+    #: outbox ZSET; nothing here drains it, the shard loop does).
+    outbox: dict[str, int] = field(default_factory=dict)
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -153,9 +156,13 @@ class ShardModel:
         job.state = state
         self._unpark_if_below_cap(job.tenant)
 
-    def _finish(self, job: ModelJob, state: str) -> None:
+    def _finish(self, job: ModelJob, state: str, rowless: bool = True) -> None:
+        """The job ends in ``state``; ``rowless`` when no worker writes its row (every end
+        but a worker's ack of a success or its fail that kills the job)."""
         job.state = state
         job.finished_at = self.now
+        if rowless:
+            self.outbox[job.job_id] = self.now
 
     # --- operations -------------------------------------------------------------------
 
@@ -295,7 +302,7 @@ class ShardModel:
                 continue
             state = "cancelled" if job.cancel_requested else "succeeded"
             self._end_lease(job, state)
-            self._finish(job, state)
+            self._finish(job, state, rowless=job.cancel_requested)
             if state == "succeeded":
                 self.count(job.tenant, "succeeded")
             out.append(ItemCode.CANCELLED if job.cancel_requested else ItemCode.OK)
@@ -318,7 +325,7 @@ class ShardModel:
                 out.append((ItemCode.CANCELLED, "cancelled"))
             elif permanent or job.attempts >= job.max_attempts:
                 self._end_lease(job, "dead")
-                self._finish(job, "dead")
+                self._finish(job, "dead", rowless=False)
                 out.append((ItemCode.OK, "dead"))
             else:
                 self._end_lease(job, "scheduled")

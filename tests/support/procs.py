@@ -12,7 +12,7 @@ import subprocess
 import sys
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
 from tests.support.cluster import Cluster
@@ -49,8 +49,13 @@ class WorkerProcess:
 
 
 def start_worker(
-    cluster: Cluster, name: str, database_url: str | None = None, **flags: Any
+    cluster: Cluster,
+    name: str,
+    database_url: str | None = None,
+    log: IO[bytes] | None = None,
+    **flags: Any,
 ) -> WorkerProcess:
+    """A worker process on ``cluster`` (its stderr, the JSON log lines, to ``log`` if given)."""
     port = free_port()
     env = {
         **os.environ,
@@ -67,7 +72,7 @@ def start_worker(
     }
     env.update({f"SHARDQ_{k.upper()}": str(v) for k, v in flags.items()})
     proc = subprocess.Popen(
-        [*parent_death_prefix(), sys.executable, "-m", "shardq.worker"], env=env
+        [*parent_death_prefix(), sys.executable, "-m", "shardq.worker"], env=env, stderr=log
     )
     return WorkerProcess(name, proc, port)
 

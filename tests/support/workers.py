@@ -13,33 +13,44 @@ from redis.asyncio import Redis
 
 from shardq.shard import ShardClient, ShardSettings
 from shardq.shard.loop import LoopSettings, ShardLoop
-from shardq.store.db import make_engine, results
+from shardq.shard.rows import RowSettings, TerminalRows
+from shardq.store.db import make_engine, psycopg_dsn, results
+from shardq.store.results import ResultStore
 from shardq.worker import Worker, WorkerSettings, serve
 from shardq.worker.handlers import REGISTRY
 from tests.support import handlers as _handlers  # noqa: F401 - registers the test handlers
 from tests.support.cluster import Cluster
 
 FAST_LOOP = LoopSettings(leader_ttl_ms=2_000, reap_interval_ms=100)
+#: The rows of ended jobs drained every 50 ms, a reconciler pass every 200 ms.
+FAST_ROWS = RowSettings(outbox_interval_ms=50, reconcile_interval_s=0.2)
 
 
 @asynccontextmanager
-async def shard_loops(cluster: Cluster, settings: LoopSettings = FAST_LOOP) -> AsyncIterator[None]:
-    clients, loops, tasks = [], [], []
-    for proc in cluster.shards:
+async def shard_loops(
+    cluster: Cluster, settings: LoopSettings = FAST_LOOP, rows: RowSettings = FAST_ROWS
+) -> AsyncIterator[list[ShardLoop]]:
+    """The shard loops of the cluster's shards, writing the rows of ended jobs."""
+    clients, loops, tasks, stores = [], [], [], []
+    for shard_id, proc in enumerate(cluster.shards):
         redis = Redis(port=proc.port)
         client = ShardClient(redis, cluster.settings.shard)
-        loop = ShardLoop(client, settings)
+        store = ResultStore(psycopg_dsn(cluster.database_url))
+        stores.append(store)
+        loop = ShardLoop(client, settings, rows=TerminalRows(client, store, shard_id, rows))
         clients.append(client)
         loops.append(loop)
         tasks.append(asyncio.create_task(loop.run()))
     try:
-        yield
+        yield loops
     finally:
         for lp in loops:
             lp.stop()
         await asyncio.gather(*tasks, return_exceptions=True)
         for c in clients:
             await c.redis.aclose()
+        for st in stores:
+            await st.close()
 
 
 def worker_settings(cluster: Cluster, **kw: Any) -> WorkerSettings:

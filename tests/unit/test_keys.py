@@ -43,15 +43,16 @@ LUA_TO_PYTHON = {
     "moving": "moving",
     "moving_schedules": "moving_schedules",
     "moved_counts": "moved_counts",
+    "outbox": "outbox",
     "old_ready": "old_ready",
     "old_ring": "old_ring",
     "old_credit": "old_credit",
     "old_weights": "old_weights",
     "old_wake": "old_wake",
 }
-#: Keys methods with no Lua builder: passed in KEYS by their only scripts, or (load) used by
-#: no script at all.
-PYTHON_ONLY = {"base", "leader", "load", "moved_in"}
+#: Keys methods with no Lua builder: passed in KEYS by their only scripts, or (load, identity)
+#: used by no script at all.
+PYTHON_ONLY = {"base", "identity", "leader", "load", "moved_in"}
 
 #: One sample value per parameter name; distinct so a swapped argument shows in the key.
 SAMPLES: dict[str, object] = {

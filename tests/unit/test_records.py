@@ -38,6 +38,7 @@ PREPARED = PreparedJob(
     payload=b'{"to": "a@example.com"}',
     priority=7,
     run_at_ms=1_700_000_000_123,
+    delay_ms=0,
     max_attempts=3,
     timeout_ms=9_000,
     digest="0123456789abcdef",
@@ -176,11 +177,18 @@ def test_cancel_requested_is_only_the_flag_one() -> None:
 
 def test_to_argv_writes_every_field_in_the_declared_order() -> None:
     argv = PREPARED.to_argv()
-    assert len(argv) == ENQUEUE_STRIDE == 12
+    assert len(argv) == ENQUEUE_STRIDE == 13
     by_name = dict(zip(ENQUEUE_ARGV, argv, strict=True))
     assert by_name["limit_defaults"] == "1000 4096 2.5 10"  # as enqueue.lua splits it
     assert PreparedJob(**by_name) == PREPARED
     assert by_name == dataclasses.asdict(PREPARED)
+
+
+def test_a_job_without_a_run_at_sends_an_empty_one_and_its_delay() -> None:
+    # enqueue.lua reads '' as "none": run-at = the shard's now + delay_ms.
+    delayed = dataclasses.replace(PREPARED, run_at_ms=None, delay_ms=5_000)
+    by_name = dict(zip(ENQUEUE_ARGV, delayed.to_argv(), strict=True))
+    assert (by_name["run_at_ms"], by_name["delay_ms"]) == ("", 5_000)
 
 
 def test_an_integral_rate_is_sent_as_a_float() -> None:
@@ -199,19 +207,19 @@ def test_enqueue_lua_reads_the_fields_in_the_order_to_argv_writes_them() -> None
     assert "ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]" in lua("enqueue")
 
 
-def test_an_enqueue_reply_keeps_created_at_only_for_a_job_it_made() -> None:
-    made = EnqueueResult.from_reply([0, b"J1", b"ready", 0], now_ms=1_000)
-    assert made == EnqueueResult(ItemCode.OK, "J1", JobState.READY, 0, 1_000)
-    again = EnqueueResult.from_reply([1, b"J1", b"", 0], now_ms=2_000)
+def test_an_enqueue_reply_carries_the_times_of_a_job_it_made() -> None:
+    made = EnqueueResult.from_reply([0, b"J1", b"scheduled", 0, 1_000, 1_500])
+    assert made == EnqueueResult(ItemCode.OK, "J1", JobState.SCHEDULED, 0, 1_000, 1_500)
+    again = EnqueueResult.from_reply([1, b"J1", b"", 0, 0, 0])
     assert (again.code, again.state, again.created_at_ms) == (ItemCode.DEDUPLICATED, "", 0)
     assert again.accepted and again.deduplicated
-    limited = EnqueueResult.from_reply([4, b"", b"", 250], now_ms=2_000)
+    limited = EnqueueResult.from_reply([4, b"", b"", 250, 0, 0])
     assert (limited.accepted, limited.retry_after_ms) == (False, 250)
 
 
 def test_a_record_of_a_new_job_is_what_enqueue_lua_writes() -> None:
-    result = EnqueueResult(ItemCode.OK, "J1", JobState.SCHEDULED, 0, 1_000)
-    # enqueue.lua's HSET of a new job, from the ARGV of PREPARED and ARGV[1] = now = 1000.
+    result = EnqueueResult(ItemCode.OK, "J1", JobState.SCHEDULED, 0, 1_000, 1_700_000_000_123)
+    # enqueue.lua's HSET of a new job, from the ARGV of PREPARED and the shard's now = 1000.
     written = {
         b"t": b"acme", b"r": b"req-1", b"h": b"email.send", b"p": PREPARED.payload,
         b"pr": b"7", b"s": b"scheduled", b"ra": b"1700000000123", b"ca": b"1000", b"at": b"0",
@@ -239,7 +247,7 @@ def claim_reply(*jobs: ClaimedJob) -> list[Any]:
             j.job_id.encode(), j.fence, j.tenant.encode(), j.request_id.encode(),
             j.handler.encode(), j.payload, str(j.priority).encode(), str(j.run_at_ms).encode(),
             str(j.created_at_ms).encode(), j.attempt, str(j.max_attempts).encode(),
-            str(j.timeout_ms).encode(), j.queue.encode(),
+            str(j.timeout_ms).encode(), j.queue.encode(), j.started_at_ms,
         ]  # fmt: skip
     return flat
 
@@ -249,6 +257,7 @@ def claimed(n: int) -> ClaimedJob:
         job_id=f"J{n}", fence=10 + n, tenant=f"t{n}", request_id=f"req-{n}", handler=f"h{n}",
         payload=b'{"n": %d}' % n, priority=n, run_at_ms=1_000 + n, created_at_ms=900 + n,
         attempt=1 + n, max_attempts=5 + n, timeout_ms=9_000 + n, queue=f"q{n}",
+        started_at_ms=1_100 + n,
     )  # fmt: skip
 
 
@@ -261,7 +270,7 @@ def test_a_claim_reply_of_several_jobs_reads_into_one_record_each() -> None:
 
 
 def test_a_claim_reply_cut_short_is_refused() -> None:
-    with pytest.raises(ValueError, match="13 per job"):
+    with pytest.raises(ValueError, match="14 per job"):
         ClaimedJob.from_reply([b"J1", 1])
 
 
@@ -272,7 +281,7 @@ def test_claim_lua_answers_the_fields_in_the_order_from_reply_reads_them() -> No
     for _, name, field in entries:
         expected = hash_field(name)
         assert field == (expected.value if expected else None), name
-    assert "out[n + 13]" in lua("claim") and "out[n + 14]" not in lua("claim")
+    assert "out[n + 13], out[n + 14] =" in lua("claim") and "out[n + 15]" not in lua("claim")
 
 
 def test_a_fail_reply_reads_its_state() -> None:

@@ -1,4 +1,6 @@
-"""Injectable clocks: Lua scripts never read time, callers pass ``now_ms`` from one of these."""
+"""Injectable clocks. On the SystemClock a ShardClient lets the Lua scripts read the shard's
+own clock (Redis TIME), so a job's times come from one clock; a FakeClock's ``now_ms`` is passed
+to them instead, so tests drive time."""
 
 from __future__ import annotations
 

@@ -115,8 +115,6 @@ tokens = sa.Table(
     sa.CheckConstraint("(role = 'tenant') = (tenant_id IS NOT NULL)", name="tenant_iff_role"),
 )
 
-# One row per finished job, written once by the worker (INSERT ... ON CONFLICT DO NOTHING):
-# a late or duplicate completion changes nothing.
 workers = sa.Table(
     "shardq_workers",
     metadata,
@@ -132,6 +130,10 @@ workers = sa.Table(
     sa.Column("handlers", ARRAY(sa.Text), nullable=False, server_default=sa.text("'{}'")),
 )
 
+# One row per finished job (succeeded, dead, cancelled), written by the worker that finished
+# it or by the shard loop for a job that ended without one (INSERT ... ON CONFLICT DO UPDATE
+# ... WHERE status = 'dead', shardq.store.results): only a dead row is ever replaced, so a
+# late or duplicate completion changes nothing.
 results = sa.Table(
     "shardq_results",
     metadata,

@@ -1,8 +1,12 @@
 """Result rows in Postgres: one per (tenant_id, request_id), written before the job is acked.
 
-Writes never overwrite a finished result: a late or duplicate completion (a zombie worker, a
-re-delivery) hits ``ON CONFLICT`` and changes nothing. The one row that may be replaced is a
-``dead`` one, by the success of the same job after it was requeued.
+Writes are ``INSERT … ON CONFLICT (tenant_id, request_id) DO UPDATE … WHERE status = 'dead'``:
+a row that is ``succeeded`` or ``cancelled`` is final, and a late or duplicate completion (a
+zombie worker, a re-delivery) changes nothing. The one row that may be replaced is a ``dead``
+one: by the success (or the cancel, or the next death) of the same job after it was requeued.
+The worker writes the rows of the jobs it finishes; the shard loop those of jobs that ended
+without a worker (``shard/rows.py``), and reads the statuses back (:meth:`ResultStore.statuses`)
+to make Redis agree with the row (docs/guarantees.md, "Result rows").
 """
 
 from __future__ import annotations
@@ -114,6 +118,10 @@ FROM unnest(%(t)s::text[], %(r)s::text[], %(j)s::text[], %(s)s::int[], %(h)s::te
 ON CONFLICT (tenant_id, request_id) DO UPDATE SET {_SET}
 WHERE shardq_results.status = 'dead'
 """
+_STATUSES = """
+SELECT tenant_id, request_id, status FROM shardq_results
+WHERE (tenant_id, request_id) IN (SELECT * FROM unnest(%(t)s::text[], %(r)s::text[]))
+"""
 _DONE = """
 SELECT tenant_id, request_id FROM shardq_results
 WHERE (tenant_id, request_id) IN (SELECT * FROM unnest(%(t)s::text[], %(r)s::text[]))
@@ -205,6 +213,14 @@ class ResultStore:
             return set()
         params = {"t": [t for t, _ in keys], "r": [r for _, r in keys]}
         return {(t, r) for t, r in await self._checks.execute(_DONE, params)}
+
+    async def statuses(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """The status of each row among ``keys`` that exists."""
+        keys = list(set(keys))
+        if not keys:
+            return {}
+        params = {"t": [t for t, _ in keys], "r": [r for _, r in keys]}
+        return {(t, r): st for t, r, st in await self._checks.execute(_STATUSES, params)}
 
     async def close(self) -> None:
         await self._writes.close()
