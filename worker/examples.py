@@ -6,6 +6,10 @@ serves unless given ``--queues``.
 - ``sleep``: ``{"ms": N}`` sleeps N ms, then returns ``{"slept_ms": N}``.
 - ``flaky``: ``{"fail_times": K}`` fails its first K attempts, then succeeds.
 - ``fail``: always fails (ends in the dead-letter set).
+- ``email.send``: ``{"to": "a@example.com"}`` pretends to send a mail and returns
+  ``{"sent": True, "to": ...}``; no ``to`` is a permanent failure (straight to the dead set).
+- ``report.build``: ``{"day": "2025-01-01"}`` a CPU-bound report, run in the worker's process
+  pool (``cpu_bound=True``; ``shardq dev`` gives each worker ``--process-pool-size 2``).
 - ``ledger.add``: ``{"account": "a", "amount": 5}`` writes a row through ``ctx.session``, in
   the same transaction as the job's result row: exactly once, however often it is delivered.
 """
@@ -13,11 +17,12 @@ serves unless given ``--queues``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 from sqlalchemy import text
 
-from shardq.worker import Context, handler
+from shardq.worker import Context, PermanentFailure, handler
 
 
 @handler("echo")
@@ -42,6 +47,23 @@ async def flaky(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
 @handler("fail", max_attempts=3)
 async def fail(ctx: Context, payload: Any) -> None:
     raise RuntimeError("this handler always fails")
+
+
+@handler("email.send", timeout_s=30, max_attempts=5)
+async def email_send(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    if "to" not in payload:
+        raise PermanentFailure("no recipient")
+    await asyncio.sleep(0.01)  # the mail server, in a real handler (ctx.request_id: its key)
+    return {"sent": True, "to": payload["to"]}
+
+
+@handler("report.build", cpu_bound=True)
+def report_build(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    # A process-pool handler gets a plain dict (job_id, tenant_id, attempt), no session.
+    digest = str(payload.get("day", "")).encode()
+    for _ in range(20_000):  # CPU work that would stall the worker's event loop
+        digest = hashlib.sha256(digest).digest()
+    return {"day": payload.get("day"), "checksum": digest.hex()[:16]}
 
 
 LEDGER_DDL = """

@@ -1,6 +1,6 @@
 """The handler API users write against.
 
-    from worker import handler
+    from shardq.worker import handler
 
     @handler("email.send", timeout_s=30, max_attempts=5)
     async def send(ctx, payload: dict) -> dict: ...
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -69,8 +71,39 @@ def handler(
     return register
 
 
+class HandlersNotFound(ImportError):
+    """A ``--handlers`` module that is nowhere on the import path (not an import failing
+    inside it: that one is the module's own bug and keeps its traceback)."""
+
+    def __init__(self, module: str, missing: str, searched: list[str]) -> None:
+        where = missing if missing == module else f"{missing} (for {module})"
+        super().__init__(f"no module named {where}; searched: {', '.join(searched) or '(nothing)'}")
+        self.module = module
+
+
+def add_working_folder_to_path() -> None:
+    """Put the current folder first on the import path, as celery, rq and arq workers do, so
+    ``--handlers myapp.handlers`` run beside ``myapp/`` finds it (``shardq-worker``, a console
+    script, would otherwise see only its own folder and site-packages)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def load(module_paths: str) -> dict[str, HandlerSpec]:
-    """Import the comma-separated modules (their @handler calls register) and return all."""
+    """Import the comma-separated modules (their @handler calls register) and return all.
+
+    Raises :class:`HandlersNotFound` when a module (or a package above it) does not exist;
+    an ``ImportError`` raised while the module runs propagates unchanged."""
     for path in filter(None, (p.strip() for p in module_paths.split(","))):
-        importlib.import_module(path)
+        try:
+            importlib.import_module(path)
+        except ModuleNotFoundError as exc:
+            # Missing is the module itself or a package above it: a bad --handlers. Anything
+            # else (``import missing_dep`` inside the user's module) is theirs to see in full.
+            parts = path.split(".")
+            if exc.name not in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+                raise
+            searched = [os.path.abspath(p or ".") for p in sys.path]
+            raise HandlersNotFound(path, exc.name or path, searched) from None
     return dict(REGISTRY)

@@ -18,36 +18,149 @@ One module per noun, grouped by audience (as Asynq's ``tools/asynq/cmd/``):
   and ask.
 
 A new command is one function registered with its module's ``commands.add(...)``; a new noun
-module goes in its audience's ``MODULES``. Every command has ``--json`` for scripts (one JSON
+module goes in its audience's ``NAMES`` and its first word in :data:`WORDS` (``shardq WORD``
+imports WORD's modules only). Every command has ``--json`` for scripts (one JSON
 document on stdout).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
 from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-from shardq.coordinator.cli import api, ops, tools
+from shardq.common import config
 from shardq.coordinator.cli.command import Command, execute, parser_for
+from shardq.coordinator.tools.data_dir import dev_env_file
 
-#: Every subcommand, in the order ``--help`` lists them.
-COMMANDS: list[Command] = [*ops.COMMANDS, *api.COMMANDS, *tools.commands.items]
-#: Help for the intermediate words of command paths (``shardq shards --help``).
-GROUPS: dict[tuple[str, ...], str] = {
-    path: text
-    for module in (*ops.MODULES, *api.MODULES, tools)
-    for path, text in module.commands.groups.items()
+if TYPE_CHECKING:
+    from shardq.coordinator.cli.command import Commands
+
+DESCRIPTION = (
+    "shardq: jobs, dead letters, schedules and stats through the API; "
+    "schema, shard map and tokens in the database"
+)
+
+#: Every first word of a command, in the order ``--help`` lists them: its help, and the
+#: modules (under ``shardq.coordinator.cli``) that declare commands under it. ``shardq WORD``
+#: imports only WORD's modules, so ``shardq --help`` loads no grpc, sqlalchemy or redis and
+#: ``shardq get`` no database driver (bench/startup.py measures it);
+#: tests/unit/test_cli_startup.py checks this table against the modules' own declarations.
+WORDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "migrate": (
+        "create or upgrade the coordinator's tables (safe to repeat or race)",
+        ("ops.migrate",),
+    ),
+    "shards": ("the shard map: shards, weights, slots and pins", ("ops.shards", "api.shards")),
+    "tenants": (
+        "where tenants live: pin, unpin, move (their jobs move live), on the database; "
+        "their limits: limits, set, through the API",
+        ("ops.tenants", "api.tenants"),
+    ),
+    "moves": ("tenant moves in progress", ("ops.moves",)),
+    "rebalance": (
+        "even out the shards' load: --plan shows slot moves and pins, --apply makes them",
+        ("ops.rebalance",),
+    ),
+    "tokens": ("bearer tokens for tenants, admins and workers", ("ops.tokens",)),
+    "submit": ("submit a job", ("api.jobs",)),
+    "get": ("show one job", ("api.jobs",)),
+    "cancel": (
+        "cancel a job (an active one finishes its attempt, then ends cancelled)",
+        ("api.jobs",),
+    ),
+    "watch": (
+        "follow a job until it succeeds, dies or is cancelled (a line per change)",
+        ("api.jobs",),
+    ),
+    "jobs": ("a tenant's jobs", ("api.jobs",)),
+    "dead": ("a tenant's dead-letter set", ("api.dead",)),
+    "schedules": ("a tenant's recurring schedules", ("api.schedules",)),
+    "stats": ("a tenant's queue depths and totals (admin: --all for every tenant)", ("api.stats",)),
+    "pause": (
+        "stop claims of a tenant (--tenant), a queue (--queue) or a tenant's queue (both); "
+        "submits are still accepted (admin token)",
+        ("api.pause",),
+    ),
+    "resume": (
+        "undo a pause of the same --tenant and/or --queue; workers start at once (admin token)",
+        ("api.pause",),
+    ),
+    "dev": (
+        "run a whole local cluster (Redis shards, Postgres, coordinator, shard loops, workers) "
+        "until Ctrl-C",
+        ("tools",),
+    ),
+    "demo": (
+        "submit a mixed workload (tenants, priorities, delays, retries, a dead letter, "
+        "a schedule) to a running cluster, with the admin token",
+        ("tools",),
+    ),
 }
 
 
+def _modules(names: Sequence[str]) -> list[ModuleType]:
+    return [importlib.import_module(f"{__name__}.{name}") for name in dict.fromkeys(names)]
+
+
+def _declared(modules: Sequence[ModuleType]) -> tuple[list[Command], dict[tuple[str, ...], str]]:
+    """The commands of ``modules`` and the help of the nouns they live under."""
+    registries: list[Commands] = [m.commands for m in modules]
+    commands = [c for r in registries for c in r.items]
+    groups = {path: text for r in registries for path, text in r.groups.items()}
+    return commands, groups
+
+
+def all_modules() -> list[ModuleType]:
+    """Every module that declares commands (imports them all: tests and docs, not start-up)."""
+    return _modules([m for _, modules in WORDS.values() for m in modules])
+
+
 def build_parser(commands: Sequence[Command] | None = None) -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(
-        prog="shardq",
-        description="shardq: jobs, dead letters, schedules and stats through the API; "
-        "schema, shard map and tokens in the database",
-    )
-    return parser_for(root, COMMANDS if commands is None else commands, GROUPS)
+    """The whole command tree (every noun module imported), or the tree of ``commands``."""
+    root = argparse.ArgumentParser(prog="shardq", description=DESCRIPTION)
+    declared, groups = _declared(all_modules())
+    return parser_for(root, declared if commands is None else commands, groups)
+
+
+def _parser_for_word(word: str | None) -> argparse.ArgumentParser:
+    """The tree of ``word``'s commands only; without a known word, the first words alone (for
+    ``--help`` and the error naming the choices), importing no command module."""
+    root = argparse.ArgumentParser(prog="shardq", description=DESCRIPTION)
+    if word in WORDS:
+        commands, groups = _declared(_modules(WORDS[word][1]))
+        return parser_for(root, [c for c in commands if c.path[0] == word], groups)
+    sub = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (text, _) in WORDS.items():
+        sub.add_parser(name, help=text, description=text)
+    return root
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return execute(build_parser().parse_args(argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    # The root takes no option but --help, so the first word that is no option is the noun.
+    word = next((a for a in args if not a.startswith("-")), None)
+    if word != "dev":  # `shardq dev` writes the file; it never reads its own leftovers
+        # Below flags and SHARDQ_* variables: what a running `shardq dev` wrote, so operator
+        # and API commands next to it need no --database-url (its port) nor --token.
+        config.use_env_file(dev_env_file())
+    try:
+        code = execute(_parser_for_word(word).parse_args(args))
+        sys.stdout.flush()  # here, where a reader gone can still be told apart
+        return code
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+
+
+def _quiet_broken_pipe() -> int:
+    """``shardq jobs list | head -1``: the reader left; stop quietly, as ``ls | head`` does.
+    stdout is pointed at /dev/null so the interpreter's final flush cannot fail again."""
+    import os  # noqa: PLC0415
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE, what a shell reports for a command a pipe ended

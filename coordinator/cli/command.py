@@ -14,19 +14,20 @@ that does. Its ``kind`` gives it the options of its audience:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import grpc
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from typing import TYPE_CHECKING, Any, Literal
 
 from shardq.common import config
 from shardq.common.errors import ShardqError
-from shardq.coordinator.errors import CODES
+
+# Nothing here imports grpc, sqlalchemy or redis at start-up: `shardq --help` and each command
+# load only what they use (bench/startup.py measures it). An exception can only be one of
+# theirs when its module is loaded, which is how execute() tells them apart.
+if TYPE_CHECKING:
+    import grpc
 
 Handler = Callable[[argparse.Namespace], int | Awaitable[int]]
 #: Adds arguments to a command's parser: :func:`arg`, or a function such as
@@ -126,33 +127,60 @@ def execute(args: argparse.Namespace) -> int:
     try:
         result = args.run_command(args)
         if inspect.isawaitable(result):
+            import asyncio  # noqa: PLC0415 - only the async commands pay for it
+
             result = asyncio.run(_await(result))
         return int(result)
-    except grpc.RpcError as exc:
+    except Exception as exc:
+        line = _error_line(exc, calls_api=getattr(args, "calls_api", False))
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 1
+
+
+def _error_line(exc: Exception, *, calls_api: bool) -> str | None:
+    """The one line a failure prints, or None for an unexpected one (a traceback: a bug)."""
+    grpc_mod = sys.modules.get("grpc")
+    if grpc_mod is not None and isinstance(exc, grpc_mod.RpcError):
         code, details = _rpc_error(exc)
-        print(f"error: {code}: {details}", file=sys.stderr)
-        return 1
-    except (CommandError, ShardqError, ValueError, OperationalError, ProgrammingError) as exc:
-        if getattr(args, "calls_api", False):
-            status = CODES.get(type(exc)) if isinstance(exc, ShardqError) else None
-            code = (status or grpc.StatusCode.INVALID_ARGUMENT).name
-            print(f"error: {code}: {exc}", file=sys.stderr)
-        else:
-            print(f"shardq: error: {_describe(exc)}", file=sys.stderr)
-        return 1
+        return f"error: {code}: {details}"
+    database = _database_error(exc)
+    if not isinstance(exc, CommandError | ShardqError | ValueError) and database is None:
+        return None
+    if calls_api:
+        return f"error: {_status_name(exc)}: {exc}"
+    return f"shardq: error: {database or exc}"
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ProgrammingError | OperationalError):
-        # The driver's message only: its first line says it; SQL and hints follow.
-        reason = str(exc.orig).strip().splitlines()[0]
-        if isinstance(exc, ProgrammingError) and "does not exist" in reason:
-            return f"the schema is missing or old ({reason}); run `shardq migrate` first"
-        return f"database error: {reason}"
-    return str(exc)
+def _status_name(exc: Exception) -> str:
+    if isinstance(exc, ShardqError):
+        from shardq.coordinator.errors import CODES  # noqa: PLC0415 - grpc is loaded by now
+
+        status = CODES.get(type(exc))
+        if status is not None:
+            return status.name
+    return "INVALID_ARGUMENT"
+
+
+def _database_error(exc: Exception) -> str | None:
+    """What a database failure says, on one line; None when ``exc`` is not one."""
+    if "sqlalchemy" not in sys.modules:
+        return None
+    from sqlalchemy.exc import OperationalError, ProgrammingError  # noqa: PLC0415
+
+    if not isinstance(exc, ProgrammingError | OperationalError):
+        return None
+    # The driver's message only: its first line says it; SQL and hints follow.
+    reason = str(exc.orig).strip().splitlines()[0]
+    if isinstance(exc, ProgrammingError) and "does not exist" in reason:
+        return f"the schema is missing or old ({reason}); run `shardq migrate` first"
+    return f"database error: {reason}"
 
 
 def _rpc_error(exc: grpc.RpcError) -> tuple[str, str]:
+    import grpc  # noqa: PLC0415 - loaded already: exc is one of its errors
+
     if isinstance(exc, grpc.aio.AioRpcError | grpc.Call):
         code, details = exc.code(), exc.details()
     else:

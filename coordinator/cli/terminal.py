@@ -22,6 +22,11 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
+def plural(count: int, noun: str, many: str = "") -> str:
+    """``1 shard``, ``2 shards``; ``many`` for the irregular (``plural(n, "entry", "entries")``)."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
 def when(ms: int) -> str:
     """A unix time in ms as UTC to the second; ``-`` for 0 (never)."""
     return f"{datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%SZ}" if ms else "-"

@@ -13,12 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TOKENS_FILE = "tokens.json"
+#: ``shardq dev``'s connection settings (SHARDQ_DATABASE_URL, SHARDQ_COORDINATOR, tokens) as
+#: ``KEY=value`` lines: the ``shardq`` command's last fallback, and ``set -a; . FILE`` for a shell.
+ENV_FILE = "shardq.env"
+#: The variable that moves the data dir (``shardq dev --data-dir``'s own).
+DATA_DIR_VAR = "SHARDQ_DEV_DATA_DIR"
 
 
 def default_data_dir() -> Path:
     """``$XDG_CACHE_HOME/shardq/dev``, else ``~/.cache/shardq/dev``."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "shardq" / "dev"
+
+
+def dev_env_file() -> Path:
+    """The env file of the local cluster: in ``$SHARDQ_DEV_DATA_DIR``, else the default dir."""
+    return Path(os.environ.get(DATA_DIR_VAR) or default_data_dir()).expanduser() / ENV_FILE
 
 
 def tokens_path(data_dir: str | Path) -> Path:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,8 +24,10 @@ from typing import Any
 import grpc
 
 from shardq.client import AsyncClient, RetryPolicy, job_spec
+from shardq.common import config
 from shardq.common.errors import Unauthenticated
-from shardq.coordinator.tools.data_dir import default_data_dir, read_tokens, tokens_path
+from shardq.coordinator.cli.terminal import plural
+from shardq.coordinator.tools.data_dir import dev_env_file, read_tokens, tokens_path
 from shardq.v1 import common_pb2
 
 DEFAULT_TENANTS = "acme,globex,initech"
@@ -53,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--data-dir",
-        default=str(default_data_dir()),
+        default=str(dev_env_file().parent),
         help="without --token: use the admin token `shardq dev` stored here",
     )
 
@@ -105,20 +108,20 @@ async def run_demo(
             ids = [it.job_id for it in items if it.job_id]
             errors = [it.error.message for it in items if it.HasField("error")]
             if errors:
-                say(f"demo: {tenant}: {len(errors)} refused, e.g. {errors[0]}")
+                say(f"demo: {tenant}: {plural(len(errors), 'job')} refused, e.g. {errors[0]}")
             template = job_spec("echo", {"from": SCHEDULE_ID})
             template.ClearField("request_id")
             await client.create_schedule(SCHEDULE_ID, "* * * * *", template)
         result.submitted[tenant] = len(ids)
         result.job_ids[tenant] = ids
         say(
-            f"demo: {tenant}: submitted {len(ids)} jobs (priorities 0-9, delays up to 20 s, "
-            f"a flaky job, a dead letter) and schedule {SCHEDULE_ID}"
+            f"demo: {tenant}: submitted {plural(len(ids), 'job')} (priorities 0-9, delays up "
+            f"to 20 s, a flaky job, a dead letter) and schedule {SCHEDULE_ID}"
         )
     if wait:
         await _wait_all(target, admin_token, result, client_options)
         summary = ", ".join(f"{k} {v}" for k, v in sorted(result.final.items()))
-        say(f"demo: all {sum(result.submitted.values())} jobs finished: {summary}")
+        say(f"demo: all {plural(sum(result.submitted.values()), 'job')} finished: {summary}")
     return result
 
 
@@ -150,9 +153,16 @@ def admin_token_from(data_dir: str) -> str:
     return token
 
 
+def _from_dev_env_file(token: str) -> bool:
+    return not os.environ.get("SHARDQ_TOKEN") and token == config.env_file_value("SHARDQ_TOKEN")
+
+
 def run(args: argparse.Namespace) -> Awaitable[int]:
     """``shardq demo``: reads the token and CA here, submits in the coroutine it returns."""
-    token = args.token or admin_token_from(args.data_dir)
+    token = args.token
+    if not token or _from_dev_env_file(token):
+        # The env file's SHARDQ_TOKEN is a tenant's; the demo submits for several tenants.
+        token = admin_token_from(args.data_dir)
     if args.scale < 1:
         raise ValueError("--scale must be at least 1")
     root = Path(args.ca_file).read_bytes() if args.ca_file else None

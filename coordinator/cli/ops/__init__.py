@@ -3,9 +3,18 @@ directly, with ``--database-url``; no coordinator has to run. One module per nou
 
 from __future__ import annotations
 
-from shardq.coordinator.cli.command import Command
-from shardq.coordinator.cli.ops import migrate, moves, rebalance, shards, tenants, tokens
+import importlib
+from typing import Any
 
-#: In the order ``shardq --help`` lists them.
-MODULES = (migrate, shards, tenants, moves, rebalance, tokens)
-COMMANDS: list[Command] = [c for m in MODULES for c in m.commands.items]
+#: The nouns' modules, in the order ``--help`` lists them. Imported on first use of
+#: ``MODULES`` or ``COMMANDS`` only: ``shardq <command>`` loads just its own noun's module
+#: (``shardq.coordinator.cli.WORDS``), so one command does not pay for every other's imports.
+NAMES = ("migrate", "shards", "tenants", "moves", "rebalance", "tokens")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MODULES":
+        return tuple(importlib.import_module(f"{__name__}.{n}") for n in NAMES)
+    if name == "COMMANDS":
+        return [c for m in __getattr__("MODULES") for c in m.commands.items]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

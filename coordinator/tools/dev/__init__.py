@@ -75,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt("--handlers", DEFAULT_HANDLERS, "module(s) of the workers' handlers, comma-separated")
     config.add_key_prefix(parser, env_prefix=ENV_PREFIX)
     opt("--concurrency", 16, "handlers each worker runs at once", int)
+    opt(
+        "--process-pool-size",
+        2,
+        "processes each worker keeps for cpu_bound handlers (0: none, they fail)",
+        int,
+    )
     config.add_log_level(
         parser, "the processes' log level (their logs: <data-dir>/logs)", env_prefix=ENV_PREFIX
     )

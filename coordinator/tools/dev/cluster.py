@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardq.client import AsyncClient, RetryPolicy
-from shardq.coordinator.tools.data_dir import Tokens, tokens_path
+from shardq.common import config
+from shardq.coordinator.tools.data_dir import ENV_FILE, Tokens, tokens_path
 from shardq.coordinator.tools.dev.database import load_tokens, prepare_database
 from shardq.coordinator.tools.dev.postgres import EmbeddedPostgres
 from shardq.coordinator.tools.dev.processes import (
@@ -29,6 +31,9 @@ from shardq.coordinator.tools.dev.processes import (
     wait_or_kill,
 )
 from shardq.coordinator.tools.redis_server import RedisProcess, free_port
+
+#: The embedded Postgres's port, kept in the data dir from one start to the next.
+POSTGRES_PORT_FILE = "postgres.port"
 
 
 class DevCluster:
@@ -91,8 +96,10 @@ class DevCluster:
 
     async def start(self, stopping: asyncio.Event) -> None:
         args = self.args
-        if args.shards < 1 or args.workers < 0:
-            raise DevError("--shards must be at least 1 and --workers at least 0")
+        if args.shards < 1 or args.workers < 0 or args.process_pool_size < 0:
+            raise DevError(
+                "--shards must be at least 1, --workers and --process-pool-size at least 0"
+            )
         self.lock_data_dir()
         self.check_ports()
         self.tokens = load_tokens(tokens_path(self.data_dir), args)
@@ -104,6 +111,7 @@ class DevCluster:
             self._start_shard_loops,
             self._start_workers,
             self._wait_until_serving,
+            self.write_env_file,
         ]
         for step in steps:
             if stopping.is_set():
@@ -117,10 +125,16 @@ class DevCluster:
             self.database_url = self.args.database_url
             return
         self.postgres = EmbeddedPostgres(self.data_dir / "postgres", self.logs / "postgres.log")
+        # The port of the last run, so the URL in shardq.env (and in any shell or tool the
+        # user pointed at it) stays right across restarts; a new one only when it is taken.
+        port_file = self.data_dir / POSTGRES_PORT_FILE
+        with contextlib.suppress(OSError, ValueError):
+            self.postgres.port = int(port_file.read_text())
         try:
             self.database_url = self.postgres.start()
         finally:
             self.write_pids()
+        port_file.write_text(f"{self.postgres.port}\n")
 
     def _start_redis(self) -> None:
         for i in range(self.args.shards):
@@ -193,11 +207,33 @@ class DevCluster:
                 "SHARDQ_WORKER_TOKEN": self.tokens.worker,
                 "SHARDQ_WORKER_ID": f"dev-worker-{i}",
                 "SHARDQ_CONCURRENCY": self.args.concurrency,
+                "SHARDQ_PROCESS_POOL_SIZE": self.args.process_pool_size,
                 "SHARDQ_LEASE_MS": 10_000,
                 "SHARDQ_DRAIN_GRACE_S": 5,
                 "SHARDQ_METRICS_PORT": port,
             }
             self.spawn(f"worker-{i}", "shardq.worker", env, port)
+
+    def write_env_file(self) -> Path:
+        """``<data-dir>/shardq.env``: where this cluster is and its tokens, for the ``shardq``
+        command (its fallback after flags and variables) and for ``set -a; . FILE``."""
+        assert self.tokens is not None
+        tenant_token = sorted(self.tokens.tenants.items())[0][1]
+        path = self.data_dir / ENV_FILE
+        config.write_env_file(
+            path,
+            {
+                "SHARDQ_DATABASE_URL": self.database_url,
+                "SHARDQ_COORDINATOR": self.target,
+                "SHARDQ_TOKEN": tenant_token,
+                "SHARDQ_ADMIN_TOKEN": self.tokens.admin,
+                "SHARDQ_KEY_PREFIX": self.args.key_prefix,
+            },
+            "Written by `shardq dev` on each start; the `shardq` command reads it when no flag\n"
+            "or SHARDQ_* variable says otherwise. In a shell: set -a; . THIS_FILE; set +a\n"
+            "SHARDQ_TOKEN is the first tenant's token; SHARDQ_ADMIN_TOKEN is the admin token.",
+        )
+        return path
 
     async def _wait_until_serving(self, timeout_s: float = 60.0) -> None:
         """Until the coordinator answers, every shard loop is up and every worker has shards."""
@@ -264,6 +300,9 @@ class DevCluster:
             r.stop()
         if self.postgres is not None:
             self.postgres.stop()
+        # A stopped cluster's settings would send the next `shardq` call to closed ports: the
+        # file leaves with the cluster (the Postgres port stays in postgres.port for the next run).
+        (self.data_dir / ENV_FILE).unlink(missing_ok=True)
         if self._lock is not None:
             self.write_pids(running=False)
             self._lock.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from shardq.common import validation
 from shardq.common.errors import InvalidArgument
+from shardq.coordinator.cli.terminal import plural
 from shardq.coordinator.shardmap import MapNotInitialized, ShardMapStore
 from shardq.coordinator.tokens import TokenStore
 from shardq.coordinator.tools.data_dir import Tokens, read_tokens, write_tokens
@@ -87,7 +88,7 @@ async def prepare_database(
             # queued jobs behind: a local cluster keeps its shard count.
             if count != len(addresses):
                 raise DevError(
-                    f"this cluster has {count} shards (its shard map is in {map_place}); "
+                    f"this cluster has {plural(count, 'shard')} (its shard map is in {map_place}); "
                     f"pass --shards {count}, or another --data-dir (and database)"
                 )
         await store.sync_shards(addresses)

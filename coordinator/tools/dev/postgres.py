@@ -9,23 +9,26 @@ import signal
 import subprocess
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from shardq.coordinator.tools.dev.processes import DevError, tail
+from shardq.coordinator.tools.dev.processes import DevError, port_is_free, tail
 from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
 
 
 class EmbeddedPostgres:
     """PostgreSQL from the ``pgserver`` wheel, run as a child process (not daemonized by
     ``pg_ctl``), so it stops with ``shardq dev`` and dies with it. Under root it runs as the
-    ``pgserver`` system user, which pgserver creates; it listens on 127.0.0.1 only."""
+    ``pgserver`` system user, which pgserver creates; it listens on 127.0.0.1 only.
+    ``settings`` are server settings (``{"fsync": "off"}``: the tests' throwaway server)."""
 
-    def __init__(self, pgdata: Path, log: Path) -> None:
+    def __init__(self, pgdata: Path, log: Path, settings: Mapping[str, str] | None = None) -> None:
         self.pgdata = pgdata
         self.log = log
+        self.settings = dict(settings or {})
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -61,12 +64,14 @@ class EmbeddedPostgres:
                 pgdata=self.pgdata,
                 user=user,
             )
-        self.port = free_port()
+        # The caller's port while it is free (shardq dev keeps one across restarts), else any.
+        self.port = self.port if self.port and port_is_free(self.port) else free_port()
         with open(self.log, "ab") as log:
             log.write(f"--- shardq dev: postgres on port {self.port}\n".encode())
             log.flush()
             # No Unix socket (-k ""): the data dir's path may be too long for one.
             argv = [str(bin_path / "postgres"), "-D", str(self.pgdata), "-h", "127.0.0.1"]
+            argv += [a for k, v in self.settings.items() for a in ("-c", f"{k}={v}")]
             self.proc = subprocess.Popen(
                 [*parent_death_prefix(), *argv, "-p", str(self.port), "-k", ""],
                 stdin=subprocess.DEVNULL,

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shardq.client import AsyncClient, RetryPolicy
+from shardq.coordinator.cli.terminal import plural
+from shardq.coordinator.tools.data_dir import DATA_DIR_VAR, ENV_FILE, default_data_dir
 from shardq.coordinator.tools.dev.cluster import DevCluster
 from shardq.v1 import common_pb2
 
@@ -38,6 +40,24 @@ def shardq_command() -> str:
     return str(ours) if ours.exists() else "shardq"
 
 
+def env_file_of(cluster: DevCluster) -> Path:
+    return cluster.data_dir / ENV_FILE
+
+
+def env_file_lines(cluster: DevCluster, sq: str) -> list[str]:
+    """How commands beside the cluster find it: shardq.env, and the variable that points
+    the ``shardq`` command at it when the data dir is not the default one."""
+    path = env_file_of(cluster)
+    lines = [
+        f"Beside this cluster `shardq` needs no flags: it reads {path}",
+        f"  {sq} tokens list    {sq} shards show    {sq} stats",
+    ]
+    if cluster.data_dir != default_data_dir().expanduser().resolve():
+        lines.append(f"  (not the default data dir: export {DATA_DIR_VAR}={cluster.data_dir})")
+    lines.append(f"A shell gets the same variables with: set -a; . {path}; set +a")
+    return lines
+
+
 def ready_text(cluster: DevCluster) -> str:
     tokens = cluster.tokens
     assert tokens is not None
@@ -47,8 +67,8 @@ def ready_text(cluster: DevCluster) -> str:
     sq = shardq_command()
     conn = f"--coordinator {cluster.target} --token {token}"
     lines = [
-        f"{READY_LINE}: coordinator {cluster.target}, {args.shards} shards, "
-        f"{args.workers} workers, data in {cluster.data_dir}",
+        f"{READY_LINE}: coordinator {cluster.target}, {plural(args.shards, 'shard')}, "
+        f"{plural(args.workers, 'worker')}, data in {cluster.data_dir}",
         "",
         f"  coordinator   {cluster.target}",
         f"  admin token   {tokens.admin}",
@@ -64,9 +84,12 @@ def ready_text(cluster: DevCluster) -> str:
         "",
         "From Python:",
         "  from shardq import Client",
+        "  from shardq.v1.common_pb2 import JobState",
         f'  with Client("{cluster.target}", token="{token}") as c:',
-        '      job = c.submit("flaky", {"fail_times": 2})',
-        "      print(c.wait(job.job_id))",
+        '      job = c.wait(c.submit("flaky", {"fail_times": 2}).job_id)',
+        "      print(JobState.Name(job.state), job.result.decode())",
+        "",
+        *env_file_lines(cluster, sq),
         "",
         f"A mixed workload (tenants, priorities, delays, retries, a dead letter): "
         f"{sq} demo --coordinator {cluster.target} --token {tokens.admin}",

@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 from typing import Any
 from urllib.parse import quote
 
@@ -37,8 +38,63 @@ def add(
     ``default``; the help names both."""
     var = env_name(flag, env_prefix)
     raw = os.environ.get(var)
+    if raw in (None, ""):
+        raw = _FILE_VALUES.get(var)
     value = type(raw) if raw not in (None, "") else default
     parser.add_argument(flag, default=value, type=type, help=f"{help} [{var}; default {default!r}]")
+
+
+# -- the env file: the last fallback of the `shardq` command ---------------------------------
+#: Values of the env file :func:`use_env_file` read: below flags and variables, above defaults.
+_FILE_VALUES: dict[str, str] = {}
+
+
+def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """``KEY=value`` lines (shell-quoted, so ``set -a; . FILE`` reads the same); ``#`` comments
+    and blank lines skipped. A missing or unreadable file is empty."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, sep, raw = line.strip().partition("=")
+        if not sep or key.startswith("#"):
+            continue
+        try:
+            words = shlex.split(raw)
+        except ValueError:
+            continue
+        out[key.strip()] = words[0] if words else ""
+    return out
+
+
+def use_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Take ``SHARDQ_*`` values from ``path`` for the flags declared after this call, where
+    neither a flag nor a variable gives one (the ``shardq`` command, next to ``shardq dev``).
+    Returns what it read."""
+    values = {k: v for k, v in read_env_file(path).items() if k.startswith(ENV_PREFIX)}
+    _FILE_VALUES.clear()
+    _FILE_VALUES.update(values)
+    return values
+
+
+def env_file_value(var: str) -> str:
+    """What the env file in use says for ``var`` ("" when nothing)."""
+    return _FILE_VALUES.get(var, "")
+
+
+def write_env_file(path: str | os.PathLike[str], values: dict[str, object], header: str) -> None:
+    """Write ``values`` as ``KEY=value`` lines for :func:`read_env_file` and a shell, readable
+    by this user only (it holds tokens), replacing the file at once."""
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    lines += [f"{k}={shlex.quote(str(v))}" for k, v in values.items()]
+    tmp = f"{os.fspath(path)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
 
 
 # -- flags of several programs, each declared once --------------------------------------------
