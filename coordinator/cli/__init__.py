@@ -18,9 +18,9 @@ One module per noun, grouped by audience (as Asynq's ``tools/asynq/cmd/``):
   and ask.
 
 A new command is one function registered with its module's ``commands.add(...)``; a new noun
-module goes in its audience's ``NAMES`` and its first word in :data:`WORDS` (``shardq WORD``
-imports WORD's modules only). Every command has ``--json`` for scripts (one JSON
-document on stdout).
+module goes under its audience's package (``api/`` or ``ops/``) and in :data:`WORDS` under its
+first word (``shardq WORD`` imports WORD's modules only). Every command has ``--json`` for
+scripts (one JSON document on stdout).
 """
 
 from __future__ import annotations

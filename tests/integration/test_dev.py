@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -26,11 +25,11 @@ import pytest
 from shardq.client import AsyncClient, RetryPolicy
 from shardq.common.errors import InvalidArgument
 from shardq.coordinator.tokens import TokenStore
-from shardq.coordinator.tools.dev import READY_LINE
-from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
+from shardq.coordinator.tools.redis_server import free_port
 from shardq.store.migrate import upgrade
 from shardq.v1 import common_pb2
 from tests.support.postgres import throwaway_database
+from tests.support.procs import ReadyLines
 
 ROOT = Path(__file__).resolve().parents[2]
 SUCCEEDED, DEAD, SCHEDULED = (
@@ -102,55 +101,14 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
-class Dev:
+class Dev(ReadyLines):
     """``bash .ci/dev ARGS`` in the background, its output collected line by line."""
 
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            [*parent_death_prefix(), "bash", ".ci/dev", *args],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        super().__init__(["bash", ".ci/dev", *args], cwd=ROOT)
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith(READY_LINE):
-                self.ready.set()
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_ready(self, timeout_s: float = 90) -> str:
-        deadline = time.monotonic() + timeout_s
-        while not self.ready.wait(0.1):
-            assert self.proc.poll() is None, f"shardq dev exited early:\n{self.output}"
-            assert time.monotonic() < deadline, f"not ready in {timeout_s}s:\n{self.output}"
-        time.sleep(0.3)  # the lines printed right after the ready line
-        return self.output
-
-    def stop(self, sig: signal.Signals, timeout_s: float = 45) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-            raise AssertionError(f"shardq dev did not stop on {sig.name}:\n{self.output}") from None
-        self._reader.join(5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        return code
+    def wait_ready(self, timeout_s: float = 90, settle_s: float = 0.3) -> str:
+        return super().wait_ready(timeout_s, settle_s)
 
 
 def printed_tokens(output: str) -> tuple[str, dict[str, str]]:

@@ -15,15 +15,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardq.coordinator.tools.dev import READY_LINE
-from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
+from shardq.coordinator.tools.redis_server import free_port
+from tests.support.procs import ReadyLines
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -158,46 +155,21 @@ class DevProcess:
             "SHARDQ_DEV_PORT": str(self.port),
             "SHARDQ_DEV_REDIS_BASE_PORT": str(self.redis_base_port),
         }
-        self.proc = subprocess.Popen(
-            [*parent_death_prefix(), str(VENV_BIN / "shardq"), "dev", "--no-live"],
-            cwd=ROOT,
-            env=dev_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        self.process = ReadyLines(
+            [str(VENV_BIN / "shardq"), "dev", "--no-live"], cwd=ROOT, env=dev_env
         )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.proc = self.process.proc
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith(READY_LINE):
-                self.ready.set()
+    @property
+    def lines(self) -> list[str]:
+        return self.process.lines
 
     def wait_ready(self, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.ready.wait(0.2):
-            out = "\n".join(self.lines)
-            assert self.proc.poll() is None, f"shardq dev exited:\n{out}"
-            assert time.monotonic() < deadline, f"shardq dev not ready in {timeout_s}s:\n{out}"
+        self.process.wait_ready(timeout_s)
 
     @property
     def env_file(self) -> Path:
         return self.home / ".cache" / "shardq" / "dev" / "shardq.env"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._reader.join(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self.process.stop(signal.SIGINT, 60)

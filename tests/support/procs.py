@@ -10,10 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from dataclasses import dataclass
 from typing import IO, Any
 
+from shardq.coordinator.tools.dev import READY_LINE
 from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
 from tests.support.cluster import Cluster
 
@@ -146,3 +149,57 @@ class CuttableProxy:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+class ReadyLines:
+    """A process (``shardq dev``, ``bash .ci/dev``) whose output is collected line by line on a
+    thread, and which is ready once it prints ``shardq dev``'s ready line."""
+
+    def __init__(self, argv: list[str], **popen: Any) -> None:
+        self.proc = subprocess.Popen(
+            [*parent_death_prefix(), *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            **popen,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith(READY_LINE):
+                self.ready.set()
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_ready(self, timeout_s: float = 180, settle_s: float = 0.0) -> str:
+        """The output so far, once ready; ``settle_s`` more for lines printed right after."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(0.1):
+            assert self.proc.poll() is None, f"shardq dev exited early:\n{self.output}"
+            assert time.monotonic() < deadline, f"not ready in {timeout_s}s:\n{self.output}"
+        time.sleep(settle_s)
+        return self.output
+
+    def stop(self, sig: signal.Signals = signal.SIGINT, timeout_s: float = 60) -> int:
+        """Its exit code after ``sig``; one that does not stop is killed and fails the test."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError(f"shardq dev did not stop on {sig.name}:\n{self.output}") from None
+        self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code

@@ -1,20 +1,5 @@
 """The operator's commands: they talk to Postgres (and, to move tenants, to the shards' Redis)
 directly, with ``--database-url``; no coordinator has to run. One module per noun."""
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-#: The nouns' modules, in the order ``--help`` lists them. Imported on first use of
-#: ``MODULES`` or ``COMMANDS`` only: ``shardq <command>`` loads just its own noun's module
-#: (``shardq.coordinator.cli.WORDS``), so one command does not pay for every other's imports.
-NAMES = ("migrate", "shards", "tenants", "moves", "rebalance", "tokens")
-
-
-def __getattr__(name: str) -> Any:
-    if name == "MODULES":
-        return tuple(importlib.import_module(f"{__name__}.{n}") for n in NAMES)
-    if name == "COMMANDS":
-        return [c for m in __getattr__("MODULES") for c in m.commands.items]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Nothing is imported here: ``shardq.coordinator.cli.WORDS`` names each noun's module, so
+# ``shardq <command>`` loads only its own noun's module and not every other's imports.
