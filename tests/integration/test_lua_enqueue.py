@@ -119,6 +119,20 @@ async def test_same_request_id_with_another_payload_is_a_conflict(
     assert await dump(redis) == before
 
 
+async def test_a_repeat_that_differs_only_outside_handler_and_payload_is_the_first_job(
+    shard: ShardClient, redis: Redis
+) -> None:
+    """What the proto promises (JobSpec.request_id): only handler and payload are compared;
+    a repeat with another priority, queue, delay or attempts gets the first job, unchanged."""
+    await shard.enqueue([job()])
+    before = await dump(redis)
+    (res,) = await shard.enqueue(
+        [job(job_id="J2", priority=9, queue="mail", delay_ms=60_000, max_attempts=2)]
+    )
+    assert (res.code, res.job_id, res.deduplicated) == (ItemCode.DEDUPLICATED, "J1", True)
+    assert await dump(redis) == before
+
+
 async def test_request_ids_are_per_tenant(shard: ShardClient) -> None:
     a, b = await shard.enqueue([job(), job(tenant="bravo", job_id="J2")])
     assert (a.code, b.code, b.job_id) == (ItemCode.OK, ItemCode.OK, "J2")

@@ -105,7 +105,8 @@ class JobSpec(_message.Message):
     request_id: _builtins.str
     """Client idempotency key, unique per tenant for the server's dedupe retention window.
     Submitting the same request_id again returns the first job (deduplicated = true);
-    the same request_id with a different spec fails with ALREADY_EXISTS. Results are
+    the same request_id with a different handler or payload fails with ALREADY_EXISTS
+    (the other fields of a repeat are not compared: the first job's values stand). Results are
     recorded once per (tenant_id, request_id). Must match [A-Za-z0-9._:@/+=-]{1,128};
     empty means the server generates one (and then retries are not deduplicated).
     """

@@ -85,7 +85,7 @@ class JobServiceServicer:
     def SubmitJob(self, request, context):
         """SubmitJob accepts one job. Submitting a request_id again returns the first job with
         deduplicated = true. Errors: INVALID_ARGUMENT (a field is invalid), ALREADY_EXISTS
-        (same request_id, different spec), RESOURCE_EXHAUSTED (tenant over its quota or
+        (same request_id, different handler or payload), RESOURCE_EXHAUSTED (tenant over its quota or
         rate), UNAVAILABLE (the tenant's shard cannot be reached).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

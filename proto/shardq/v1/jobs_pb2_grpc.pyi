@@ -45,7 +45,7 @@ class JobServiceStub:
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.SubmitJobRequest, _jobs_pb2.SubmitJobResponse]
     """SubmitJob accepts one job. Submitting a request_id again returns the first job with
     deduplicated = true. Errors: INVALID_ARGUMENT (a field is invalid), ALREADY_EXISTS
-    (same request_id, different spec), RESOURCE_EXHAUSTED (tenant over its quota or
+    (same request_id, different handler or payload), RESOURCE_EXHAUSTED (tenant over its quota or
     rate), UNAVAILABLE (the tenant's shard cannot be reached).
     """
     SubmitJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.SubmitJobsRequest, _jobs_pb2.SubmitJobsResponse]
@@ -84,7 +84,7 @@ class JobServiceAsyncStub(JobServiceStub):
     SubmitJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.SubmitJobRequest, _jobs_pb2.SubmitJobResponse]  # type: ignore[assignment]
     """SubmitJob accepts one job. Submitting a request_id again returns the first job with
     deduplicated = true. Errors: INVALID_ARGUMENT (a field is invalid), ALREADY_EXISTS
-    (same request_id, different spec), RESOURCE_EXHAUSTED (tenant over its quota or
+    (same request_id, different handler or payload), RESOURCE_EXHAUSTED (tenant over its quota or
     rate), UNAVAILABLE (the tenant's shard cannot be reached).
     """
     SubmitJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.SubmitJobsRequest, _jobs_pb2.SubmitJobsResponse]  # type: ignore[assignment]
@@ -126,7 +126,7 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_jobs_pb2.SubmitJobResponse, _abc.Awaitable[_jobs_pb2.SubmitJobResponse]]:
         """SubmitJob accepts one job. Submitting a request_id again returns the first job with
         deduplicated = true. Errors: INVALID_ARGUMENT (a field is invalid), ALREADY_EXISTS
-        (same request_id, different spec), RESOURCE_EXHAUSTED (tenant over its quota or
+        (same request_id, different handler or payload), RESOURCE_EXHAUSTED (tenant over its quota or
         rate), UNAVAILABLE (the tenant's shard cannot be reached).
         """
 
