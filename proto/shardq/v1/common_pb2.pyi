@@ -88,10 +88,30 @@ Global___JobState: _TypeAlias = JobState  # noqa: Y015
 class JobSpec(_message.Message):
     """JobSpec is a job as a client submits it. Every field is validated by the server; a bad
     value fails with INVALID_ARGUMENT naming the field.
-    Next ID: 10
+    Next ID: 12
     """
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     HANDLER_FIELD_NUMBER: _builtins.int
@@ -102,6 +122,8 @@ class JobSpec(_message.Message):
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
+    RETRY_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client idempotency key, unique per tenant for the server's dedupe retention window.
     Submitting the same request_id again returns the first job (deduplicated = true);
@@ -146,6 +168,19 @@ class JobSpec(_message.Message):
     groups with different handlers never take each other's jobs. Must match
     [A-Za-z0-9._-]{1,64}; empty means "default".
     """
+    @_builtins.property
+    def retry(self) -> Global___RetryBackoff:
+        """How long to wait before each retry of this job; unset means the handler's policy, else
+        the server default (1 s doubling to 1 h, full jitter).
+        """
+
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """W3C trace context (keys "traceparent" and optionally "tracestate") of the submitting
+        service, carried to the worker so the handler's span joins the submitter's trace.
+        Set by the client when tracing is on; at most 2 entries of 512 bytes each.
+        """
+
     def __init__(
         self,
         *,
@@ -158,10 +193,12 @@ class JobSpec(_message.Message):
         max_attempts: _builtins.int = ...,
         timeout_ms: _builtins.int = ...,
         queue: _builtins.str = ...,
+        retry: Global___RetryBackoff | None = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delay_ms", b"delay_ms", "run_at_unix_ms", b"run_at_unix_ms", "when", b"when"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delay_ms", b"delay_ms", "retry", b"retry", "run_at_unix_ms", b"run_at_unix_ms", "when", b"when"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_ms", b"delay_ms", "handler", b"handler", "max_attempts", b"max_attempts", "payload", b"payload", "priority", b"priority", "queue", b"queue", "request_id", b"request_id", "run_at_unix_ms", b"run_at_unix_ms", "timeout_ms", b"timeout_ms", "when", b"when"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_ms", b"delay_ms", "handler", b"handler", "max_attempts", b"max_attempts", "payload", b"payload", "priority", b"priority", "queue", b"queue", "request_id", b"request_id", "retry", b"retry", "run_at_unix_ms", b"run_at_unix_ms", "timeout_ms", b"timeout_ms", "trace_context", b"trace_context", "when", b"when"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_when: _TypeAlias = _typing.Literal["run_at_unix_ms", "delay_ms"]  # noqa: Y015
     _WhichOneofArgType_when: _TypeAlias = _typing.Literal["when", b"when"]  # noqa: Y015
@@ -170,10 +207,76 @@ class JobSpec(_message.Message):
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
 
 @_typing.final
+class RetryBackoff(_message.Message):
+    """RetryBackoff is the wait before attempt n+1 after attempt n failed:
+    min(max_ms, base_ms * 2^(n-1)), then with jitter the wait is drawn uniformly from
+    [wait * (1 - jitter), wait]. A field left 0 takes the handler's policy, else the server default.
+    Next ID: 4
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_MS_FIELD_NUMBER: _builtins.int
+    MAX_MS_FIELD_NUMBER: _builtins.int
+    JITTER_FIELD_NUMBER: _builtins.int
+    base_ms: _builtins.int
+    """Wait after the first failed attempt, in milliseconds (>= 1 when set)."""
+    max_ms: _builtins.int
+    """Longest wait between attempts, in milliseconds (>= base_ms when both are set)."""
+    jitter: _builtins.float
+    """Fraction of each wait drawn at random, from 0 (none) to 1 (full jitter)."""
+    def __init__(
+        self,
+        *,
+        base_ms: _builtins.int = ...,
+        max_ms: _builtins.int = ...,
+        jitter: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_ms", b"base_ms", "jitter", b"jitter", "max_ms", b"max_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryBackoff: _TypeAlias = RetryBackoff  # noqa: Y015
+
+@_typing.final
+class JobProgress(_message.Message):
+    """JobProgress is what a running handler last reported through ctx.progress().
+    Next ID: 4
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRACTION_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_UNIX_MS_FIELD_NUMBER: _builtins.int
+    fraction: _builtins.float
+    """Fraction done, from 0 to 1."""
+    message: _builtins.str
+    """Free text from the handler, at most 256 characters (e.g. "resized 4/10")."""
+    updated_at_unix_ms: _builtins.int
+    """When the worker reported it (shard time)."""
+    def __init__(
+        self,
+        *,
+        fraction: _builtins.float = ...,
+        message: _builtins.str = ...,
+        updated_at_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fraction", b"fraction", "message", b"message", "updated_at_unix_ms", b"updated_at_unix_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobProgress: _TypeAlias = JobProgress  # noqa: Y015
+
+@_typing.final
 class Job(_message.Message):
     """Job is a job as the server reports it: the submitted spec with server defaults applied,
     plus its current state and history.
-    Next ID: 21
+    Next ID: 23
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -198,6 +301,8 @@ class Job(_message.Message):
     SHARD_ID_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    NEXT_ATTEMPT_AT_UNIX_MS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-generated ID, unique within the tenant."""
     tenant_id: _builtins.str
@@ -244,6 +349,14 @@ class Job(_message.Message):
     """
     queue: _builtins.str
     """Queue the job waits in ("default" unless the spec named one)."""
+    next_attempt_at_unix_ms: _builtins.int
+    """When a SCHEDULED job that failed an attempt will be tried again; 0 otherwise."""
+    @_builtins.property
+    def progress(self) -> Global___JobProgress:
+        """The handler's last progress report; unset until it reports one. Kept after the job ends
+        (also in its result row).
+        """
+
     def __init__(
         self,
         *,
@@ -267,10 +380,12 @@ class Job(_message.Message):
         shard_id: _builtins.int = ...,
         cancel_requested: _builtins.bool = ...,
         queue: _builtins.str = ...,
+        progress: Global___JobProgress | None = ...,
+        next_attempt_at_unix_ms: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancel_requested", b"cancel_requested", "created_at_unix_ms", b"created_at_unix_ms", "finished_at_unix_ms", b"finished_at_unix_ms", "handler", b"handler", "job_id", b"job_id", "last_error", b"last_error", "max_attempts", b"max_attempts", "payload", b"payload", "priority", b"priority", "queue", b"queue", "request_id", b"request_id", "result", b"result", "run_at_unix_ms", b"run_at_unix_ms", "shard_id", b"shard_id", "started_at_unix_ms", b"started_at_unix_ms", "state", b"state", "tenant_id", b"tenant_id", "timeout_ms", b"timeout_ms", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancel_requested", b"cancel_requested", "created_at_unix_ms", b"created_at_unix_ms", "finished_at_unix_ms", b"finished_at_unix_ms", "handler", b"handler", "job_id", b"job_id", "last_error", b"last_error", "max_attempts", b"max_attempts", "next_attempt_at_unix_ms", b"next_attempt_at_unix_ms", "payload", b"payload", "priority", b"priority", "progress", b"progress", "queue", b"queue", "request_id", b"request_id", "result", b"result", "run_at_unix_ms", b"run_at_unix_ms", "shard_id", b"shard_id", "started_at_unix_ms", b"started_at_unix_ms", "state", b"state", "tenant_id", b"tenant_id", "timeout_ms", b"timeout_ms", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -431,7 +546,7 @@ class TenantLimits(_message.Message):
     AdminService.SetTenantLimits (stored in Postgres, pushed to the tenant's shard and carried
     by a tenant move); a field left 0 takes the server's default, and a default of 0 means
     no limit.
-    Next ID: 7
+    Next ID: 9
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -442,6 +557,8 @@ class TenantLimits(_message.Message):
     SUBMIT_BURST_FIELD_NUMBER: _builtins.int
     MAX_PENDING_FIELD_NUMBER: _builtins.int
     MAX_PENDING_BYTES_FIELD_NUMBER: _builtins.int
+    RESULT_RETENTION_S_FIELD_NUMBER: _builtins.int
+    DEDUPE_WINDOW_S_FIELD_NUMBER: _builtins.int
     weight: _builtins.int
     """Jobs the tenant gets per round-robin turn against the other tenants of its shard and
     queue, from 1 to 1000. 0 means the default (1: an equal share).
@@ -458,6 +575,14 @@ class TenantLimits(_message.Message):
     """Most jobs the tenant may have SCHEDULED, READY or ACTIVE at once."""
     max_pending_bytes: _builtins.int
     """Most bytes of payload the tenant's SCHEDULED, READY and ACTIVE jobs may hold at once."""
+    result_retention_s: _builtins.int
+    """Seconds a finished job's result row is kept before it is purged. 0 means the server
+    default (which may be 0: kept forever).
+    """
+    dedupe_window_s: _builtins.int
+    """Seconds a request_id is remembered for deduplication after its job is accepted. 0 means
+    the server default (24 h).
+    """
     def __init__(
         self,
         *,
@@ -467,10 +592,12 @@ class TenantLimits(_message.Message):
         submit_burst: _builtins.int = ...,
         max_pending: _builtins.int = ...,
         max_pending_bytes: _builtins.int = ...,
+        result_retention_s: _builtins.int = ...,
+        dedupe_window_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_active", b"max_active", "max_pending", b"max_pending", "max_pending_bytes", b"max_pending_bytes", "submit_burst", b"submit_burst", "submit_rate_per_s", b"submit_rate_per_s", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedupe_window_s", b"dedupe_window_s", "max_active", b"max_active", "max_pending", b"max_pending", "max_pending_bytes", b"max_pending_bytes", "result_retention_s", b"result_retention_s", "submit_burst", b"submit_burst", "submit_rate_per_s", b"submit_rate_per_s", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
