@@ -134,9 +134,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "refuse a submit whose handler no live worker of its queue has (FAILED_PRECONDITION)",
     )
     config.add(p, "--max-payload-bytes", 1_048_576, "largest payload accepted", int)
-    config.add(
-        p, "--metrics-port", 9090, "HTTP port for /metrics, /healthz and /readyz (-1: off)", int
-    )
+    config.add_ops_http(p, 9090, "HTTP port for /metrics, /healthz and /readyz (-1: off)")
     config.add(
         p,
         "--metrics-top-tenants",
@@ -216,6 +214,7 @@ async def serve(args: argparse.Namespace) -> None:
         ops = OpsServer(
             coord.metrics_registry,
             lambda: (True, {"map_version": coord.shard_map.version}),
+            host=args.metrics_host,
             ready=coord.readiness.report,
         )
         await ops.start(args.metrics_port)

@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--load-interval-s", 10.0, "how often tenant load is sampled (0: off)", float)
     config.add(p, "--load-top-tenants", 50, "tenants with their own gauges on /metrics", int)
     config.add(p, "--instance-id", default_instance_id(), "name of this loop in the lease")
-    config.add(p, "--metrics-port", 9091, "HTTP port for /metrics and /healthz (0: any)", int)
+    config.add_ops_http(p, 9091, "HTTP port for /metrics and /healthz (0: any)")
     config.add_log_level(p)
     return p.parse_args(argv)
 
@@ -83,6 +83,7 @@ async def serve(args: argparse.Namespace) -> None:
             loop.role != "disconnected",
             {"role": loop.role, "instance_id": args.instance_id, "shard_id": args.shard_id},
         ),
+        host=args.metrics_host,
     )
     port = await ops.start(args.metrics_port)
     logging.getLogger("shardq.shard").info("ops endpoint on port %d", port)

@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         int,
     )
     config.add(p, "--worker-id", default_worker_id(), "this worker's name")
-    config.add(p, "--metrics-port", 9092, "HTTP port for /metrics and /healthz (-1: off)", int)
+    config.add_ops_http(p, 9092, "HTTP port for /metrics and /healthz (-1: off)")
     config.add_log_level(p)
     return p.parse_args(argv)
 
@@ -97,7 +97,7 @@ async def run(args: argparse.Namespace) -> None:
     worker = Worker(settings, specs, metrics)
     ops = None
     if args.metrics_port >= 0:
-        ops = OpsServer(metrics.registry, lambda: (True, health(worker)))
+        ops = OpsServer(metrics.registry, lambda: (True, health(worker)), host=args.metrics_host)
         await ops.start(args.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -125,6 +125,25 @@ def test_manifests_pass_kubernetes_validate_strict(
     assert validated >= {"Deployment", "StatefulSet", "Service", "Job", "PodDisruptionBudget"}
 
 
+@pytest.mark.parametrize("name", VALUES_FILES)
+def test_every_ops_endpoint_in_the_chart_listens_on_the_pod_address(
+    render: Render, name: str
+) -> None:
+    """The programs bind /metrics, /healthz and /readyz to loopback by default (a laptop's
+    cluster is not the network's); in a pod, kubelet and Prometheus come from outside the
+    container, so every container that has an ops port says 0.0.0.0."""
+    r = render(name)
+    seen = 0
+    for doc in r.docs:
+        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for c in spec.get("containers", []):
+            env = env_of(c)
+            if "SHARDQ_METRICS_PORT" in env:
+                seen += 1
+                assert env["SHARDQ_METRICS_HOST"]["value"] == "0.0.0.0", c["name"]
+    assert seen >= 2  # the coordinator and a shard loop at least (worker groups where set)
+
+
 def test_crd_monitors_point_at_metrics_ports(render: Render) -> None:
     r = render("everything")
     monitors = r.kind("ServiceMonitor")

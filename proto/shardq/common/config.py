@@ -118,6 +118,17 @@ def add_redis_password(
     add(parser, "--redis-password", "", help)
 
 
+def add_ops_http(parser: argparse.ArgumentParser, port: int, port_help: str) -> None:
+    """``--metrics-port`` and ``--metrics-host`` [SHARDQ_METRICS_PORT, SHARDQ_METRICS_HOST].
+
+    Loopback by default: /metrics names tenants and handlers, so outside the chart (whose
+    pods set 0.0.0.0 for their probes and scrapes, behind a NetworkPolicy) it is reachable from
+    this host only unless the operator says otherwise.
+    """
+    add(parser, "--metrics-port", port, port_help, int)
+    add(parser, "--metrics-host", "127.0.0.1", "address /metrics, /healthz and /readyz bind to")
+
+
 def add_key_prefix(parser: argparse.ArgumentParser, *, env_prefix: str = ENV_PREFIX) -> None:
     """``--key-prefix`` [SHARDQ_KEY_PREFIX]: every program of a cluster must agree on it."""
     add(parser, "--key-prefix", "shardq", "prefix of every Redis key", env_prefix=env_prefix)

@@ -30,7 +30,7 @@ class OpsServer:
         self,
         registry: CollectorRegistry,
         health: HealthFn,
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
         ready: HealthFn | None = None,
     ) -> None:
         self.registry = registry
