@@ -418,7 +418,10 @@ class Cluster:
 
 
 def _spec(number: int, run_at_ms: int | None = None, priority: int = 0) -> common_pb2.JobSpec:
-    return job_spec(NOOP, number, run_at_ms=run_at_ms, priority=priority)
+    spec = job_spec(NOOP, number, priority=priority)
+    if run_at_ms is not None:
+        spec.run_at_unix_ms = run_at_ms  # the exact ms the delayed scenario measures against
+    return spec
 
 
 async def _submit_batches(
@@ -436,7 +439,7 @@ async def _submit_batches(
         times.extend([time.time()] * len(chunk))
         specs = [_spec(n, a, priority) for n, a in zip(chunk, at, strict=True)]
         items = await client.submit_many(specs)
-        refused = [it for it in items if it.error.code]
+        refused = [it for it in items if it.error]
         if refused:
             raise RuntimeError(f"{len(refused)} jobs refused, e.g. {refused[0]}")
     return times

@@ -14,7 +14,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
-from shardq.common import validation
+from shardq.common import tracing, validation
 from shardq.common.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -23,7 +23,7 @@ from shardq.common.errors import (
     ShardqError,
 )
 from shardq.common.ids import new_job_id
-from shardq.coordinator import convert, limits
+from shardq.coordinator import convert, limits, shardstatus
 from shardq.coordinator.app import Coordinator
 from shardq.coordinator.assignment import assign
 from shardq.coordinator.errors import Ctx, abort, item_code, shorten, translate
@@ -238,7 +238,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.SubmitJobResponse:
         if not request.HasField("job"):
             raise InvalidArgument("required", field="job")
-        (outcome,) = await self._submit(tenant, [request.job], coalesce=True)
+        # A child of the submitter's span when tracing is on and the job carries one.
+        parent = tracing.parent(request.job.trace_context)
+        with tracing.span("shardq SubmitJob", parent, "server", {"shardq.tenant": tenant}):
+            (outcome,) = await self._submit(tenant, [request.job], coalesce=True)
         if isinstance(outcome, ShardqError):
             raise outcome
         raise_for_enqueue(outcome.result)
@@ -278,6 +281,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     @unary
     async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Ctx) -> common_pb2.Job:
         tenant = await self.c.tenant_of(context, request.tenant_id)
+        if request.request_id:
+            if request.job_id:
+                raise InvalidArgument("give job_id or request_id, not both", field="request_id")
+            validation.request_id(request.request_id)
+            placed = await self.router.find_job_by_request_id(tenant, request.request_id)
+            return await self._job_pb(placed)
         return await self._job_pb(await self.router.find_job(tenant, _job_id(request.job_id)))
 
     @unary
@@ -490,6 +499,17 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         return convert.limits_to_pb(self.c.with_defaults(tenant, stored))
 
     @unary
+    async def ListShardStatus(
+        self, request: admin_pb2.ListShardStatusRequest, context: Ctx
+    ) -> admin_pb2.ListShardStatusResponse:
+        await self.c.require_role(context, "admin")
+        shards, moves = await shardstatus.collect(self.c.shard_map, self.c.router.pool)
+        return admin_pb2.ListShardStatusResponse(
+            shards=[shardstatus.shard_pb(s) for s in shards],
+            moves=[shardstatus.move_pb(m) for m in moves],
+        )
+
+    @unary
     async def Pause(self, request: admin_pb2.PauseRequest, context: Ctx) -> admin_pb2.PauseResponse:
         await self.c.require_role(context, "admin")
         await self.c.router.pause(*_pause_target(request))
@@ -594,8 +614,9 @@ def _pause_target(
 
 
 def _changed(a: common_pb2.Job, b: common_pb2.Job) -> bool:
-    return (a.state, a.attempts, a.cancel_requested, a.run_at_unix_ms) != (
-        b.state, b.attempts, b.cancel_requested, b.run_at_unix_ms,
+    # Progress too: a watcher of a long job sees each report the worker stored.
+    return (a.state, a.attempts, a.cancel_requested, a.run_at_unix_ms, a.progress) != (
+        b.state, b.attempts, b.cancel_requested, b.run_at_unix_ms, b.progress,
     )  # fmt: skip
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,10 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shardq.common import validation
 from shardq.common.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
-from shardq.coordinator import limits, tokens
+from shardq.coordinator import limits, retention, tokens
 from shardq.coordinator.errors import Ctx
 from shardq.coordinator.health import DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S, ReadinessChecker
 from shardq.coordinator.metrics import RpcMetrics, SubmitMetrics
+from shardq.coordinator.mover import RedisShards
+from shardq.coordinator.moverd import MoverDaemon
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.registry import WorkerRegistry
 from shardq.coordinator.router import ShardPool, TenantRouter
@@ -88,6 +92,13 @@ class CoordinatorSettings:
     worker_refresh_s: float = 1.0
     #: The shards' data-plane settings (key prefix, dedupe window, payload limit...).
     shard: ShardSettings = field(default_factory=ShardSettings)
+    #: Seconds a finished job's result row is kept where the tenant's limits do not say
+    #: (``--result-retention-s``; 0: kept forever).
+    result_retention_s: int = 0
+    #: The retention purge (shardq.store.retention): rows deleted per statement, and seconds
+    #: between two rounds (``--retention-batch-size``, ``--retention-interval-s``).
+    retention_batch_size: int = 1_000
+    retention_interval_s: float = 60.0
     #: Tenants with a label of their own on the submit metrics, the busiest this many; the
     #: rest count as ``other`` (``--metrics-top-tenants``; 0: no tenant label at all).
     metrics_top_tenants: int = 0
@@ -95,6 +106,12 @@ class CoordinatorSettings:
     health_interval_s: float = DEFAULT_INTERVAL_S
     #: Seconds one readiness check (SELECT 1, a shard's PING) may take before it fails.
     health_timeout_s: float = DEFAULT_TIMEOUT_S
+    #: Take part in running the pending tenant moves (``--run-moves``, coordinator.moverd):
+    #: one replica at a time holds the mover lease. Off here, for coordinators built in
+    #: code (tests, tools); the ``shardq-coordinator`` flag is on by default.
+    run_moves: bool = False
+    #: How often a replica tries to take the mover lease, and the holder checks it, in s.
+    mover_poll_s: float = 0.5
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -133,6 +150,14 @@ class Coordinator:
         self.metrics_registry = CollectorRegistry()
         self.rpc_metrics = RpcMetrics(self.metrics_registry)
         self.submit_metrics = SubmitMetrics(self.metrics_registry, settings.metrics_top_tenants)
+        #: Deletes result rows past their tenant's retention (one replica at a time).
+        self.retention = retention.RetentionPurger(
+            self.engine,
+            default_retention_s=settings.result_retention_s,
+            batch_size=settings.retention_batch_size,
+            interval_s=settings.retention_interval_s,
+            on_batch=retention.PurgeMetrics(self.metrics_registry).batch,
+        )
         #: Readiness (gRPC health, /readyz), checked in the background.
         self.readiness = ReadinessChecker(
             self.engine,
@@ -142,6 +167,19 @@ class Coordinator:
             interval_s=settings.health_interval_s,
             timeout_s=settings.health_timeout_s,
         )
+        #: The in-cluster mover (``--run-moves``): runs pending moves while holding the lease.
+        self.moverd = (
+            MoverDaemon(
+                self.store,
+                settings.database_url,
+                RedisShards(settings.redis_password, settings.shard),
+                f"coordinator {socket.gethostname()}:{os.getpid()}",
+                self.metrics_registry,
+                poll_s=settings.mover_poll_s,
+            )
+            if settings.run_moves
+            else None
+        )
 
     async def start(self) -> None:
         self.registry.start()
@@ -149,8 +187,14 @@ class Coordinator:
         self.pool.update(self.follower.current)
         self.follower.on_change(self.pool.update)
         await self.readiness.start()
+        self.retention.start()
+        if self.moverd is not None:
+            self.moverd.start()
 
     async def stop(self) -> None:
+        if self.moverd is not None:
+            await self.moverd.stop()
+        await self.retention.stop()
         await self.readiness.stop()
         await self.registry.stop()
         await self.follower.stop()
@@ -176,7 +220,11 @@ class Coordinator:
 
     def with_defaults(self, tenant: str, stored: TenantLimits) -> TenantLimits:
         """``stored`` with this coordinator's defaults, then the shard's, where it sets nothing."""
-        return limits.effective(limits.overlay(self.limits_for(tenant), stored))
+        return limits.effective(
+            limits.overlay(self.limits_for(tenant), stored),
+            result_retention_s=self.settings.result_retention_s,
+            dedupe_window_s=self.settings.shard.dedupe_ttl_ms // 1000,
+        )
 
     async def authenticate(self, context: Ctx) -> Principal:
         token = bearer_token(context.invocation_metadata())

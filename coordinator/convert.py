@@ -7,11 +7,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from shardq.common import validation
+from shardq.common import tracing, validation
 from shardq.common.errors import InvalidArgument
 from shardq.shard import cron
+from shardq.shard.backoff import job_backoff
 from shardq.shard.models import NewJob, Schedule, ScheduleSpec, TenantLimits, TenantLoad
-from shardq.shard.records import JobRecord, JobState
+from shardq.shard.records import JobProgress, JobRecord, JobState
 from shardq.v1 import common_pb2, schedules_pb2
 
 STATE_TO_PB: dict[JobState, common_pb2.JobState.ValueType] = {
@@ -111,9 +112,13 @@ def new_job(
         raise InvalidArgument(f"{run_at} is before 1970", field="job.run_at_unix_ms")
     if delay is not None and delay < 0:
         raise InvalidArgument(f"{delay} is negative", field="job.delay_ms")
-    if spec.priority > validation.MAX_PRIORITY:
-        raise InvalidArgument(f"{spec.priority} is outside [0, 9]", field="job.priority")
+    # int32 on the wire: a caller's -1 is -1 here, and is refused as such.
+    validation.priority(spec.priority, "job.priority")
     queue = validation.queue(spec.queue, "job.queue") if spec.queue else DEFAULT_QUEUE
+    retry = None
+    if spec.HasField("retry"):
+        r = spec.retry
+        retry = job_backoff(r.base_ms, r.max_ms, r.jitter, "job.retry")
     return NewJob(
         tenant=tenant,
         handler=spec.handler,
@@ -126,6 +131,8 @@ def new_job(
         timeout_ms=spec.timeout_ms,
         limits=limits,
         queue=queue,
+        trace_context=tracing.encode(spec.trace_context),
+        retry=retry,
     )
 
 
@@ -151,6 +158,16 @@ def job_to_pb(rec: JobRecord, shard_id: int, result: bytes | None = None) -> com
         shard_id=shard_id,
         cancel_requested=rec.cancel_requested,
         queue=rec.queue,
+        progress=progress_to_pb(rec.progress),
+        next_attempt_at_unix_ms=rec.next_attempt_at_ms,
+    )
+
+
+def progress_to_pb(p: JobProgress | None) -> common_pb2.JobProgress | None:
+    if p is None:
+        return None
+    return common_pb2.JobProgress(
+        fraction=p.fraction, message=p.message, updated_at_unix_ms=p.updated_at_ms
     )
 
 
@@ -163,6 +180,8 @@ def limits_from_pb(m: common_pb2.TenantLimits) -> TenantLimits:
         submit_burst=m.submit_burst,
         max_pending=m.max_pending,
         max_pending_bytes=m.max_pending_bytes,
+        result_retention_s=m.result_retention_s,
+        dedupe_window_s=m.dedupe_window_s,
     )
 
 
@@ -174,6 +193,8 @@ def limits_to_pb(t: TenantLimits) -> common_pb2.TenantLimits:
         submit_burst=t.submit_burst,
         max_pending=t.max_pending,
         max_pending_bytes=t.max_pending_bytes,
+        result_retention_s=t.result_retention_s,
+        dedupe_window_s=t.dedupe_window_s,
     )
 
 
@@ -257,7 +278,12 @@ def schedule_to_pb(s: Schedule) -> schedules_pb2.Schedule:
     )
 
 
-def page_size(requested: int, default: int = 100, maximum: int = 1000) -> int:
+def page_size(
+    requested: int, default: int = 100, maximum: int = 1000, field: str = "page_size"
+) -> int:
+    """The page size to use; a negative one (int32 on the wire: a caller's -1) is refused."""
+    if requested < 0:
+        raise InvalidArgument(f"must be >= 0, got {requested}", field=field)
     return default if requested == 0 else min(requested, maximum)
 
 

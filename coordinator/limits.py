@@ -1,6 +1,6 @@
 """Tenant limits: the coordinator's defaults, the rows admins set, and what a tenant ends up with.
 
-Each of the six limits of ``shardq.v1.TenantLimits`` comes, field by field, from the first of
+Each of the limits of ``shardq.v1.TenantLimits`` comes, field by field, from the first of
 these that sets it (0 sets nothing):
 
 1. the tenant's row in ``shardq_tenant_limits``, written by ``AdminService.SetTenantLimits``
@@ -14,6 +14,11 @@ these that sets it (0 sets nothing):
 and the shard uses them where the tenant's hash has no value. So they cover the admission
 limits only (rate, burst, pending jobs and bytes). The weight and the active-job cap are read
 by claims, which workers make without the coordinator: those come from a row alone.
+
+Two limits are not about admission or claims: ``dedupe_window_s`` (pushed to the shard, whose
+``enqueue.lua`` reads it from the tenant's hash on every submit; else the shard settings' 24 h)
+and ``result_retention_s`` (read from the row by the purge, ``shardq.store.retention``; else
+``--result-retention-s``). Both come from a row alone, and the server's value otherwise.
 
 A coordinator that starts pushes nothing: every shard keeps the limits it was last given.
 """
@@ -58,9 +63,18 @@ def overlay(base: TenantLimits, top: TenantLimits) -> TenantLimits:
     return TenantLimits(**{f: getattr(top, f) or getattr(base, f) for f in FIELDS})
 
 
-def effective(limits: TenantLimits) -> TenantLimits:
-    """``limits`` with the shard's own defaults where still unset: weight 1."""
-    return limits if limits.weight else dataclasses.replace(limits, weight=1)
+def effective(
+    limits: TenantLimits, result_retention_s: int = 0, dedupe_window_s: int = 0
+) -> TenantLimits:
+    """``limits`` with the shard's own defaults where still unset: weight 1; and the server's
+    result retention and dedupe window (which no job carries: the purge and the shard's
+    ``enqueue.lua`` apply them)."""
+    return dataclasses.replace(
+        limits,
+        weight=limits.weight or 1,
+        result_retention_s=limits.result_retention_s or result_retention_s,
+        dedupe_window_s=limits.dedupe_window_s or dedupe_window_s,
+    )
 
 
 def parse_tenant_limits(

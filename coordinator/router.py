@@ -271,6 +271,15 @@ class TenantRouter:
         side, record = await self._find(tenant, job_id)
         return PlacedJob(side.shard_id, record)
 
+    async def find_job_by_request_id(self, tenant: str, request_id: str) -> PlacedJob:
+        """The job first submitted with ``request_id``, while a shard still remembers it for
+        deduplication; during a move either side may hold the dedupe key."""
+        for side in self.sides(tenant):
+            (entry,) = await side.client.dedupe_entries(tenant, [request_id])
+            if entry is not None:
+                return await self.find_job(tenant, entry.job_id)
+        raise NotFound(f"no job with request_id {request_id}", field="request_id")
+
     async def submit(
         self, tenant: str, jobs: Sequence[NewJob | ShardqError], *, coalesce: bool
     ) -> list[Submitted | ShardqError]:

@@ -20,6 +20,7 @@ from shardq.coordinator import api
 from shardq.coordinator.app import Coordinator, CoordinatorSettings
 from shardq.coordinator.limits import parse_tenant_limits
 from shardq.coordinator.tokens import DEFAULT_STALE_MAX_S
+from shardq.shard.client import MAX_RETENTION_S
 from shardq.shard.models import ShardSettings, TenantLimits
 from shardq.store import db
 from shardq.v1 import (
@@ -101,6 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add_database_url(p, "Postgres URL (shard map, tokens, results)")
     config.add_key_prefix(p)
     config.add_redis_password(p)
+    config.add_shard_durability(p)
     config.add(p, "--tls-cert-file", "", "PEM certificate chain for gRPC TLS")
     config.add(p, "--tls-key-file", "", "PEM private key for gRPC TLS")
     config.add(p, "--tls-client-ca-file", "", "PEM CA: require client certificates from it")
@@ -134,6 +136,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "refuse a submit whose handler no live worker of its queue has (FAILED_PRECONDITION)",
     )
     config.add(p, "--max-payload-bytes", 1_048_576, "largest payload accepted", int)
+    config.add(
+        p,
+        "--result-retention-s",
+        0,
+        "seconds a finished job's result row is kept where its tenant's limits do not say "
+        "(0: forever)",
+        int,
+    )
+    config.add(p, "--retention-batch-size", 1_000, "result rows one purge statement deletes", int)
+    config.add(p, "--retention-interval-s", 60.0, "seconds between two retention purges", float)
     config.add_ops_http(p, 9090, "HTTP port for /metrics, /healthz and /readyz (-1: off)")
     config.add(
         p,
@@ -143,6 +155,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         int,
     )
     config.add(p, "--shutdown-grace-s", 10.0, "time in-flight calls get on SIGTERM", float)
+    # On unless turned off: a recorded move then always finishes (coordinator.moverd).
+    var = config.env_name("--run-moves")
+    raw = os.environ.get(var, "").strip().lower()
+    if raw and raw not in SWITCH_VALUES:
+        raise SystemExit(f"shardq-coordinator: {var}={raw!r} is not true or false")
+    p.add_argument(
+        "--run-moves",
+        action=argparse.BooleanOptionalAction,
+        default=SWITCH_VALUES[raw] if raw else True,
+        help="take part in running pending tenant moves (one replica at a time holds the "
+        f"mover lease) [{var}; default on]",
+    )
     config.add_log_level(p)
     return p.parse_args(argv)
 
@@ -176,6 +200,15 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
     )
     if args.metrics_top_tenants < 0:
         raise SystemExit("shardq-coordinator: --metrics-top-tenants must be 0 or more")
+    if not 0 <= args.result_retention_s <= MAX_RETENTION_S:
+        raise SystemExit(
+            f"shardq-coordinator: --result-retention-s must be 0 to {MAX_RETENTION_S} seconds"
+        )
+    if args.retention_batch_size < 1 or not args.retention_interval_s > 0:
+        raise SystemExit(
+            "shardq-coordinator: --retention-batch-size must be 1 or more and "
+            "--retention-interval-s more than 0"
+        )
     for flag in ("token_cache_ttl_s", "token_stale_max_s"):
         if not getattr(args, flag) >= 0:  # also NaN
             name = "--" + flag.replace("_", "-")
@@ -198,7 +231,15 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         token_cache_ttl_s=args.token_cache_ttl_s,
         token_stale_max_s=args.token_stale_max_s,
         metrics_top_tenants=args.metrics_top_tenants,
-        shard=ShardSettings(key_prefix=args.key_prefix, max_payload_bytes=args.max_payload_bytes),
+        run_moves=args.run_moves,
+        result_retention_s=args.result_retention_s,
+        retention_batch_size=args.retention_batch_size,
+        retention_interval_s=args.retention_interval_s,
+        shard=ShardSettings(
+            key_prefix=args.key_prefix,
+            max_payload_bytes=args.max_payload_bytes,
+            durability=config.durability(args),
+        ),
     )
 
 

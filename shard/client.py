@@ -12,10 +12,12 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from shardq.common import validation
 from shardq.common.clock import Clock, SystemClock
@@ -28,6 +30,7 @@ from shardq.common.errors import (
 )
 from shardq.common.ids import new_job_id
 from shardq.shard import cron
+from shardq.shard.backoff import Backoff, job_backoff
 from shardq.shard.codes import ItemCode
 from shardq.shard.keys import Keys
 from shardq.shard.models import (
@@ -51,6 +54,7 @@ from shardq.shard.records import (
     DedupeEntry,
     EnqueueResult,
     FailResult,
+    JobProgress,
     JobRecord,
     JobState,
     PreparedJob,
@@ -66,8 +70,27 @@ MAX_CLAIM_QUEUES = 100
 MAX_COUNT = 2**53
 MAX_UINT32 = 2**32 - 1
 MAX_WEIGHT = 1000
-#: The fields of the limits:{t} hash, in the order of TenantLimits' fields.
-LIMIT_FIELDS = ("weight", "max_active", "rate", "burst", "max_pending", "max_pending_bytes")
+#: Scripts not followed by WAIT under ``ShardSettings.durability``: a claim, a heartbeat or
+#: the loop's lease that a failover loses only re-delivers a job (at-least-once, fenced)
+#: or re-elects a leader, and they are the hot and frequent calls.
+NOT_WAITED = frozenset({"claim", "heartbeat", "leader", "leader_release"})
+#: The fields of the limits:{t} hash, in the order of TenantLimits' fields (result_retention_s
+#: aside: Postgres' purge reads it from the tenant's row, the shard has no use for it).
+LIMIT_FIELDS = (
+    "weight", "max_active", "rate", "burst", "max_pending", "max_pending_bytes", "dedupe",
+)  # fmt: skip
+#: Shortest dedupe window a tenant may be given, in s: longer than a client's retries of one
+#: submit take (``shardq.client.RetryPolicy``'s default budget is 20 s), so a retry after a
+#: lost reply still finds the first job instead of making a second one.
+MIN_DEDUPE_WINDOW_S = 30
+#: Longest, in s (7 days): each accepted job holds a dedupe key for the window, ~200 bytes of
+#: Redis (measured: docs/queues-and-limits.md), so at 1,000 jobs/s a week is ~120 GB, more
+#: than a shard should hold for idempotency alone; past that, the result row (one per
+#: request_id, kept for result_retention_s) is the record that keeps a handler from running
+#: twice (docs/guarantees.md).
+MAX_DEDUPE_WINDOW_S = 7 * 86_400
+#: Longest result retention, in s (100 years: "forever" by another name, still a valid interval).
+MAX_RETENTION_S = 100 * 365 * 86_400
 
 
 def _s(value: bytes | str | None) -> str:
@@ -109,7 +132,29 @@ class ShardClient:
         self._last_limits: tuple[TenantLimits, str] | None = None
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[name](keys=[self._base, *keys], args=list(args))
+        if not self.settings.durability.replicas or name in NOT_WAITED:
+            return await self._scripts[name](keys=[self._base, *keys], args=list(args))
+        return await self._run_replicated(name, [self._base, *keys], args)
+
+    async def _run_replicated(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
+        """The script, then WAIT (or WAITAOF) for the replicas, in one round trip: a call
+        whose write fewer replicas confirm raises NotReplicated, and is not acknowledged."""
+        script = self._scripts[name]
+        for _ in range(2):
+            pipe = self._r.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command(*self.settings.durability.command())
+            reply, waited = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: load, again
+                await self._r.script_load(script.script)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(waited, Exception):
+                raise waited
+            self.settings.durability.check(waited)
+            return reply
+        raise NoScriptError(f"script {name} was flushed again as it was loaded")
 
     def _now_arg(self) -> int:
         """A script's now_ms ARGV: 0 (read Redis TIME, see ``shard_now`` in lua/_lib.lua) on
@@ -166,6 +211,8 @@ class ShardClient:
             digest=digest(job.handler, payload),
             queue=queue,
             limit_defaults=defaults,
+            retry=_retry_arg(job.retry),
+            trace_context=job.trace_context,
         )
 
     def _checked(self, limits: TenantLimits) -> str:
@@ -323,16 +370,25 @@ class ShardClient:
             args += [lease.job_id, lease.fence]
         return args
 
-    async def heartbeat(self, leases: Sequence[Lease], lease_ms: int) -> list[ItemCode]:
-        """Extend leases in one round trip: OK, CANCEL_REQUESTED or STALE_LEASE per lease."""
+    async def heartbeat(
+        self,
+        leases: Sequence[Lease],
+        lease_ms: int,
+        progress: Mapping[str, JobProgress] | None = None,
+    ) -> list[ItemCode]:
+        """Extend leases in one round trip: OK, CANCEL_REQUESTED or STALE_LEASE per lease.
+
+        ``progress`` (by job ID) is stored on the jobs whose lease is still current, with the
+        shard's time; a stale lease stores nothing."""
         if not leases:
             return []
         validation.int_in_range(lease_ms, 1, validation.MAX_TIMEOUT_MS, "lease_ms")
-        codes = await self._run(
-            "heartbeat",
-            [self.keys.leases()],
-            [self._now_arg(), lease_ms, *self._lease_args(leases)],
-        )
+        progress = progress or {}
+        args: list[Any] = [self._now_arg(), lease_ms]
+        for lease in leases:
+            p = progress.get(lease.job_id)
+            args += [lease.job_id, lease.fence, "" if p is None else p.to_arg()]
+        codes = await self._run("heartbeat", [self.keys.leases()], args)
         return [ItemCode(int(c)) for c in codes]
 
     async def ack(self, leases: Sequence[Lease]) -> list[ItemCode]:
@@ -364,19 +420,21 @@ class ShardClient:
     async def fail(self, failures: Sequence[Failure]) -> list[FailResult]:
         """Record failed attempts: retry after backoff, or dead when attempts are used up.
 
-        A retry's run-at is the shard's now plus the backoff; a ``retry_at_ms`` given (by this
-        client's clock) is sent as the delay from this client's now.
+        A retry's run-at is the shard's now plus the wait ``fail.lua`` computes from the job's
+        own policy over ``f.backoff`` (shard/backoff.py); a ``retry_at_ms`` given (by this
+        client's clock) is sent as the wait from this client's now.
         """
         if not failures:
             return []
         now = self.clock.now_ms()
         args: list[Any] = [self._now_arg(), self.settings.retention_ms]
+        default = self.settings.backoff.to_arg()
         for f in failures:
-            if f.retry_at_ms is None:
-                retry_in = self.settings.backoff.delay_ms(max(1, f.attempt))
-            else:
-                retry_in = max(0, f.retry_at_ms - now)
-            args += [f.job_id, f.fence, f.error[:4096], retry_in, int(f.permanent)]
+            retry_in = -1 if f.retry_at_ms is None else max(0, f.retry_at_ms - now)
+            policy = default if f.backoff is None else f.backoff.to_arg()
+            # The jitter's one random draw (fail.lua is deterministic).
+            draw = random.random() if f.draw is None else f.draw
+            args += [f.job_id, f.fence, f.error[:4096], retry_in, int(f.permanent), policy, draw]
         rows = await self._run("fail", [], args)
         return [FailResult.from_reply(row) for row in rows]
 
@@ -556,7 +614,7 @@ class ShardClient:
         """The tenant's limits as this shard holds them (0 where not set)."""
         validation.tenant_id(tenant)
         raw = await self._r.hmget(self.keys.limits(tenant), list(LIMIT_FIELDS))
-        weight, active, rate, burst, pending, pending_bytes = (_s(v) or "0" for v in raw)
+        weight, active, rate, burst, pending, pending_bytes, dedupe = (_s(v) or "0" for v in raw)
         return TenantLimits(
             weight=int(weight),
             max_active=int(active),
@@ -564,6 +622,7 @@ class ShardClient:
             submit_burst=int(burst),
             max_pending=int(pending),
             max_pending_bytes=int(pending_bytes),
+            dedupe_window_s=int(dedupe),
         )
 
     async def pause(self, tenant: str | None = None, queue: str | None = None) -> bool:
@@ -794,6 +853,14 @@ class ShardClient:
         return ItemCode(int(code))
 
 
+def _retry_arg(policy: Backoff | None) -> str:
+    """A job's own retry policy checked, as enqueue.lua stores it in 'rb' ('' for none)."""
+    if policy is None:
+        return ""
+    checked = job_backoff(policy.base_ms, policy.cap_ms, policy.jitter)
+    return "" if checked is None else checked.to_arg()
+
+
 def raise_for_enqueue(res: EnqueueResult) -> None:
     """Turn a refused enqueue into its error; accepted results pass through."""
     if res.code is ItemCode.CONFLICT:
@@ -817,6 +884,11 @@ def check_limits(limits: TenantLimits) -> TenantLimits:
     validation.int_in_range(limits.submit_burst, 0, MAX_UINT32, "submit_burst")
     validation.int_in_range(limits.max_pending, 0, MAX_COUNT, "max_pending")
     validation.int_in_range(limits.max_pending_bytes, 0, MAX_COUNT, "max_pending_bytes")
+    validation.int_in_range(limits.result_retention_s, 0, MAX_RETENTION_S, "result_retention_s")
+    if limits.dedupe_window_s:
+        validation.int_in_range(
+            limits.dedupe_window_s, MIN_DEDUPE_WINDOW_S, MAX_DEDUPE_WINDOW_S, "dedupe_window_s"
+        )
     rate = limits.submit_rate_per_s
     if (
         isinstance(rate, bool)
@@ -829,7 +901,7 @@ def check_limits(limits: TenantLimits) -> TenantLimits:
 
 
 def _limit_values(limits: TenantLimits) -> list[Any]:
-    """The six values of ``set_limits.lua``'s ARGV, in the order of LIMIT_FIELDS."""
+    """The values of ``set_limits.lua``'s ARGV, in the order of LIMIT_FIELDS."""
     return [
         limits.weight,
         limits.max_active,
@@ -837,6 +909,7 @@ def _limit_values(limits: TenantLimits) -> list[Any]:
         limits.submit_burst,
         limits.max_pending,
         limits.max_pending_bytes,
+        limits.dedupe_window_s,
     ]
 
 

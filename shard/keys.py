@@ -92,8 +92,9 @@ class Keys:
     def limits(self, tenant: str) -> str:
         """HASH: the tenant's limits (``ShardClient.set_limits``), a field per limit set:
         ``weight``, ``max_active``, ``rate``, ``burst``, ``max_pending``,
-        ``max_pending_bytes``. An absent field takes the caller's default (enqueue's ARGV) or,
-        for ``weight`` and ``max_active``, none (weight 1, no cap)."""
+        ``max_pending_bytes``, ``dedupe`` (the dedupe window, s). An absent field takes the
+        caller's default (enqueue's ARGV) or, for ``weight`` and ``max_active``, none (weight
+        1, no cap)."""
         return f"{self.prefix}:limits:{tenant}"
 
     def paused(self) -> str:
@@ -134,7 +135,8 @@ class Keys:
         return f"{self.prefix}:outbox"
 
     def dedupe(self, tenant: str, request_id: str) -> str:
-        """STRING ``"{job_id} {digest}"`` with a TTL (the retention window)."""
+        """STRING ``"{job_id} {digest}"`` with a TTL: the tenant's dedupe window (``limits:{t}``
+        ``dedupe``, s) or ``ShardSettings.dedupe_ttl_ms``, set when the job is accepted."""
         return f"{self.prefix}:dedupe:{tenant}:{request_id}"
 
     def counts(self, tenant: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from shardq.common.redis import Durability
 from shardq.shard.backoff import Backoff
 from shardq.shard.records import (
     DEFAULT_QUEUE,
@@ -67,11 +68,14 @@ class ShardSettings:
     max_batch: int = 500
     #: Retry delays after failed attempts.
     backoff: Backoff = field(default_factory=Backoff)
+    #: Replicas that must hold a write before it is acknowledged (WAIT after each script
+    #: call that changes jobs; ``--shard-replicas-to-ack``): see ``ShardClient._run``.
+    durability: Durability = field(default_factory=Durability)
 
 
 @dataclass(frozen=True, slots=True)
 class TenantLimits:
-    """One tenant's share and caps on its shard, the six fields of ``shardq.v1.TenantLimits``.
+    """One tenant's share and caps on its shard, the fields of ``shardq.v1.TenantLimits``.
 
     0 means "not set" everywhere. On the shard (``ShardClient.set_limits``) a set field is
     stored in the tenant's ``limits:{t}`` hash and an unset one is absent from it. As a job's
@@ -92,6 +96,14 @@ class TenantLimits:
     max_pending: int = 0
     #: Most payload bytes of the tenant's scheduled, ready and active jobs at once.
     max_pending_bytes: int = 0
+    #: Seconds a finished job's result row is kept in Postgres (0: the coordinator's default,
+    #: ``--result-retention-s``). Not on the shard: the purge (``shardq.store.retention``)
+    #: reads it from the tenant's row.
+    result_retention_s: int = 0
+    #: Seconds a request_id stays deduplicated after its job is accepted (limits:{t}
+    #: ``dedupe``; 0: ``ShardSettings.dedupe_ttl_ms``), in [MIN_DEDUPE_WINDOW_S,
+    #: MAX_DEDUPE_WINDOW_S] of ``shard.client`` when set.
+    dedupe_window_s: int = 0
 
 
 #: Limits that set nothing (every field 0): the default of ``NewJob.limits``.
@@ -150,6 +162,12 @@ class NewJob:
     job_id: str = ""
     #: The queue the job waits in; workers claim from the queues they serve.
     queue: str = DEFAULT_QUEUE
+    #: The job's own retry policy (a field 0: the handler's, else the server default's);
+    #: None for none, as most jobs (nothing stored).
+    retry: Backoff | None = None
+    #: The submitter's W3C trace context, encoded by ``shardq.common.tracing.encode`` (the
+    #: coordinator checked it); '' for none, as when tracing is off (nothing stored).
+    trace_context: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +178,8 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A failed attempt to record. ``retry_at_ms`` None means: back off per ShardSettings."""
+    """A failed attempt to record. ``retry_at_ms`` None means: back off by the job's own policy
+    over ``backoff`` (the handler's; None: ShardSettings.backoff), computed by ``fail.lua``."""
 
     job_id: str
     fence: int
@@ -168,6 +187,10 @@ class Failure:
     error: str
     permanent: bool = False
     retry_at_ms: int | None = None
+    #: The handler's retry policy, every field set; None takes ShardSettings.backoff.
+    backoff: Backoff | None = None
+    #: The jitter's random draw in [0, 1); None: ``ShardClient.fail`` draws it (tests fix it).
+    draw: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

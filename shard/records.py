@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, Final
 
+from shardq.shard.backoff import Backoff
 from shardq.shard.codes import ItemCode
 
 #: The queue of a job that names none; a job hash without field ``q`` is in it.
@@ -99,6 +100,9 @@ class JobField(StrEnum):
     QUEUE = "q"
     AVOID_WORKER_ID = "xw"
     AVOID_UNTIL_MS = "xu"
+    RETRY = "rb"
+    PROGRESS = "pg"
+    TRACE_CONTEXT = "tc"
 
     @property
     def attribute(self) -> str:
@@ -128,7 +132,50 @@ JOB_FIELD_DOCS: Final[Mapping[JobField, str]] = {
     JobField.QUEUE: f"queue (absent: {DEFAULT_QUEUE!r}, which is not stored)",
     JobField.AVOID_WORKER_ID: "worker that handed the job back for want of its handler",
     JobField.AVOID_UNTIL_MS: "unix ms before which that worker ('xw') may not claim it again",
+    JobField.RETRY: "the job's own retry policy, '<base_ms> <max_ms> <jitter>' (0: unset; "
+    "absent when it has none, as most jobs: shard/backoff.py)",
+    JobField.PROGRESS: "the handler's last progress, '<updated_at_ms> <fraction> <message>' "
+    "(heartbeat.lua; absent until it reports one: JobProgress)",
+    JobField.TRACE_CONTEXT: "the submitter's W3C trace context, '<traceparent>' or "
+    "'<traceparent>\\n<tracestate>' (absent when it sent none: shardq.common.tracing)",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    """What a handler last reported through ``ctx.progress`` (hash field ``pg``)."""
+
+    #: Fraction done, 0 to 1.
+    fraction: float
+    #: The handler's text, at most :data:`MAX_PROGRESS_MESSAGE` characters.
+    message: str
+    #: When the shard stored it (its clock, unix ms); 0 for one not yet stored.
+    updated_at_ms: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        """As a result row's ``progress`` column keeps it (``shardq.v1.JobProgress``'s names)."""
+        return {
+            "fraction": self.fraction,
+            "message": self.message,
+            "updated_at_unix_ms": self.updated_at_ms,
+        }
+
+    def to_arg(self) -> str:
+        """``"<fraction> <message>"``: heartbeat.lua's progress entry (it prefixes its time)."""
+        return f"{float(self.fraction)!r} {self.message}"
+
+    @classmethod
+    def parse(cls, raw: bytes | str | None) -> JobProgress | None:
+        """The hash field ``pg`` as heartbeat.lua writes it; None when absent."""
+        if not raw:
+            return None
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        at, fraction, message = [*text.split(" ", 2), ""][:3]
+        return cls(float(fraction), message, int(at))
+
+
+#: Longest progress message a handler may report, in characters.
+MAX_PROGRESS_MESSAGE: Final = 256
 
 
 def _text(value: bytes | str | None) -> str:
@@ -144,8 +191,9 @@ def _text(value: bytes | str | None) -> str:
 class PreparedJob:
     """A job checked and completed by ``ShardClient.prepare``, ready for ``enqueue.lua``.
 
-    The fields are declared in the order ``enqueue.lua`` reads them from its ARGV (13 per job,
-    :data:`ENQUEUE_STRIDE`); :meth:`to_argv` writes them in that order. The last one carries
+    The fields are declared in the order ``enqueue.lua`` reads them from its ARGV (one entry
+    each, :data:`ENQUEUE_STRIDE`); :meth:`to_argv` writes them in that order. ``limit_defaults``
+    carries
     the caller's defaults for the admission limits the tenant's ``limits:{t}`` hash does not
     set (``NewJob.limits``), checked with the write and not stored: four numbers in one
     entry (:func:`limit_defaults`), since redis-py's packing costs per argument and a batch's
@@ -173,9 +221,13 @@ class PreparedJob:
     #: ``limit_defaults(...)``: the default pending-jobs quota, pending-bytes quota, submit
     #: rate and bucket size (0: none, none, no limit, max(1, rate)).
     limit_defaults: str
+    #: The job's own retry policy (``Backoff.to_arg()``), '' for none (nothing stored).
+    retry: str = ""
+    #: The submitter's trace context (``shardq.common.tracing.encode``), '' for none.
+    trace_context: str = ""
 
     def to_argv(self) -> list[Any]:
-        """This job's 13 ARGV entries for ``enqueue.lua``, in the order it reads them."""
+        """This job's ARGV entries for ``enqueue.lua``, in the order it reads them."""
         return [
             self.tenant,
             self.job_id,
@@ -190,6 +242,8 @@ class PreparedJob:
             self.digest,
             self.queue,
             self.limit_defaults,
+            self.retry,
+            self.trace_context,
         ]
 
 
@@ -285,6 +339,19 @@ class JobRecord:
     queue: str
     avoid_worker_id: str
     avoid_until_ms: int
+    #: The job's own retry policy (a field 0: unset); None for none.
+    retry: Backoff | None = None
+    #: The handler's last progress report; None until one.
+    progress: JobProgress | None = None
+    #: The submitter's W3C trace context as stored (``shardq.common.tracing``), '' for none.
+    trace_context: str = ""
+
+    @property
+    def next_attempt_at_ms(self) -> int:
+        """When a job waiting for a retry (scheduled after a failed attempt) runs again;
+        0 otherwise. Only a failure schedules a job that has had attempts (a requeue of a dead
+        job resets them, a hand-back makes it ready)."""
+        return self.run_at_ms if self.state is JobState.SCHEDULED and self.attempts else 0
 
     @classmethod
     def from_hash(cls, job_id: str, raw: Mapping[bytes, bytes]) -> JobRecord:
@@ -321,6 +388,9 @@ class JobRecord:
             queue=t(JobField.QUEUE) or DEFAULT_QUEUE,
             avoid_worker_id=t(JobField.AVOID_WORKER_ID),
             avoid_until_ms=i(JobField.AVOID_UNTIL_MS),
+            retry=Backoff.parse(h.get(JobField.RETRY)),
+            progress=JobProgress.parse(h.get(JobField.PROGRESS)),
+            trace_context=t(JobField.TRACE_CONTEXT),
         )
 
     @classmethod
@@ -334,6 +404,7 @@ class JobRecord:
             attempts=0, max_attempts=job.max_attempts, timeout_ms=job.timeout_ms, fence=0,
             worker_id="", started_at_ms=0, finished_at_ms=0, last_error="",
             cancel_requested=False, queue=job.queue, avoid_worker_id="", avoid_until_ms=0,
+            retry=Backoff.parse(job.retry), trace_context=job.trace_context,
         )  # fmt: skip
 
 
@@ -366,6 +437,9 @@ class ClaimedJob:
     #: When this claim started the attempt, by the shard's clock (hash field ``sa``): the
     #: started-at of its result row, comparable with ``run_at_ms`` and ``created_at_ms``.
     started_at_ms: int = 0
+    #: The submitter's trace context (hash field ``tc``), '' for none: the worker's spans of
+    #: this job join that trace (``shardq.common.tracing``).
+    trace_context: str = ""
 
     @classmethod
     def from_reply(cls, flat: Sequence[Any]) -> list[ClaimedJob]:
@@ -388,6 +462,7 @@ class ClaimedJob:
                 timeout_ms=int(flat[i + 11]),
                 queue=flat[i + 12].decode(),
                 started_at_ms=int(flat[i + 13]),
+                trace_context=flat[i + 14].decode(),
             )
             for i in range(0, len(flat), CLAIM_STRIDE)
         ]

@@ -106,6 +106,7 @@ def row_of(rec: JobRecord, shard_id: int) -> ResultRow:
         started_ms=rec.started_at_ms,
         finished_ms=rec.finished_at_ms or rec.created_at_ms,
         error=rec.last_error or (rec.state.value if rec.state is JobState.CANCELLED else None),
+        progress=None if rec.progress is None else rec.progress.as_json(),
     )
 
 

@@ -29,6 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add_database_url(p, "Postgres for result rows")
     config.add_redis_password(p)
     config.add_key_prefix(p)
+    config.add_shard_durability(p)
     config.add(p, "--concurrency", 16, "handlers running at once", int)
     config.add(p, "--lease-ms", 30_000, "lease per claim; heartbeats every third", int)
     config.add(p, "--drain-grace-s", 30.0, "time in-flight jobs get on SIGTERM", float)
@@ -38,6 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--unknown-handler-backoff-ms",
         5_000,
         "a job whose handler this worker lacks goes back to ready; ms it stays away from it",
+        int,
+    )
+    config.add(
+        p,
+        "--progress-interval-ms",
+        1_000,
+        "a job's progress is written to its shard at most once per this many ms",
         int,
     )
     config.add(p, "--worker-id", default_worker_id(), "this worker's name")
@@ -87,9 +95,10 @@ async def run(args: argparse.Namespace) -> None:
             redis_password=args.redis_password,
             process_pool_size=args.process_pool_size,
             worker_id=args.worker_id,
-            shard=ShardSettings(key_prefix=args.key_prefix),
+            shard=ShardSettings(key_prefix=args.key_prefix, durability=config.durability(args)),
             queues=parse_queues(args.queues),
             unknown_handler_backoff_ms=args.unknown_handler_backoff_ms,
+            progress_interval_ms=args.progress_interval_ms,
         )
     except InvalidArgument as exc:
         raise SystemExit(f"shardq-worker: {exc}") from exc

@@ -2,7 +2,8 @@
 
     from shardq.worker import handler
 
-    @handler("email.send", timeout_s=30, max_attempts=5)
+    @handler("email.send", timeout_s=30, max_attempts=5,
+             retry=Retry(base=1.0, max=60.0, jitter=0.5, permanent=(ValueError,)))
     async def send(ctx, payload: dict) -> dict: ...
 
 ``async def`` handlers run on the worker's event loop; plain functions run in a thread pool;
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from shardq.shard.backoff import MAX_WAIT_MS, Backoff
 
 Mode = Literal["async", "thread", "process"]
 
@@ -36,6 +40,54 @@ class PermanentFailure(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Retry:
+    """A handler's retry policy: the wait after attempt n failed is ``min(max, base * 2^(n-1))``
+    seconds, of which the fraction ``jitter`` is random (1: anywhere from 0 to that wait).
+
+    A field left None takes the server default (base 1 s, max 1 h, jitter 1); a job's own
+    ``JobSpec.retry`` overrides this, field by field. An exception that is an instance of one
+    of ``permanent`` sends the job to the dead-letter set at once, like
+    :class:`PermanentFailure`.
+    """
+
+    #: Wait after the first failed attempt, in seconds (at least 0.001).
+    base: float | None = None
+    #: Longest wait, in seconds (at least ``base``).
+    max: float | None = None
+    #: Fraction of each wait drawn at random, from 0 to 1.
+    jitter: float | None = None
+    #: Exception types that dead-letter the job without more attempts.
+    permanent: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        limit = MAX_WAIT_MS / 1000
+        for name in ("base", "max"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and 0.001 <= value <= limit):
+                raise ValueError(
+                    f"Retry.{name} must be from 0.001 to {limit:g} seconds, not {value}"
+                )
+        if self.base is not None and self.max is not None and self.max < self.base:
+            raise ValueError(f"Retry.max ({self.max}) is below Retry.base ({self.base})")
+        if self.jitter is not None and not (math.isfinite(self.jitter) and 0 <= self.jitter <= 1):
+            raise ValueError(f"Retry.jitter must be from 0 to 1, not {self.jitter}")
+        if not isinstance(self.permanent, tuple) or not all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in self.permanent
+        ):
+            raise ValueError(
+                f"Retry.permanent must be a tuple of exception types, not {self.permanent!r}"
+            )
+
+    def over(self, default: Backoff) -> Backoff:
+        """This policy with the fields it leaves None taken from ``default``."""
+        return Backoff(
+            base_ms=default.base_ms if self.base is None else round(self.base * 1000),
+            cap_ms=default.cap_ms if self.max is None else round(self.max * 1000),
+            jitter=default.jitter if self.jitter is None else float(self.jitter),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class HandlerSpec:
     name: str
     fn: Callable[..., Any]
@@ -44,6 +96,8 @@ class HandlerSpec:
     timeout_s: float | None = None
     #: Attempts this handler allows at most; None takes the job's own max_attempts.
     max_attempts: int | None = None
+    #: The handler's retry policy; None: the server default (a job's own policy wins).
+    retry: Retry | None = None
 
 
 #: Handlers registered by @handler in this process, by name.
@@ -56,6 +110,7 @@ def handler(
     timeout_s: float | None = None,
     max_attempts: int | None = None,
     cpu_bound: bool = False,
+    retry: Retry | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in REGISTRY and REGISTRY[name].fn is not fn:
@@ -65,7 +120,9 @@ def handler(
         mode: Mode = (
             "process" if cpu_bound else "async" if inspect.iscoroutinefunction(fn) else "thread"
         )
-        REGISTRY[name] = HandlerSpec(name, fn, mode, timeout_s, max_attempts)
+        if retry is not None and not isinstance(retry, Retry):
+            raise ValueError(f"handler {name!r}: retry must be a Retry, not {retry!r}")
+        REGISTRY[name] = HandlerSpec(name, fn, mode, timeout_s, max_attempts, retry)
         return fn
 
     return register

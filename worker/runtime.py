@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import multiprocessing
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +30,13 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
+from shardq.common import tracing
 from shardq.common.redis import redis_for
+from shardq.shard.backoff import Backoff
 from shardq.shard.client import ShardClient
 from shardq.shard.codes import ItemCode
 from shardq.shard.models import Failure, Lease
-from shardq.shard.records import ClaimedJob, JobState
+from shardq.shard.records import ClaimedJob, JobProgress, JobState
 from shardq.store import db
 from shardq.store.results import (
     ResultRow,
@@ -86,6 +89,8 @@ class Running:
     #: Set by the heartbeat thread: STALE_LEASE (lost) or CANCEL_REQUESTED.
     lost: ItemCode | None = None
     releasing: bool = False
+    #: The handler's last progress report (``ctx.progress``), for the result row.
+    progress: JobProgress | None = None
 
     @property
     def lease(self) -> Lease:
@@ -103,6 +108,8 @@ class Outcome:
     error: str = ""
     retry_at_ms: int | None = None
     permanent: bool = False
+    #: The handler's retry policy (worker/handlers.py ``Retry``) over the server default.
+    backoff: Backoff | None = None
     #: The row was already committed in the handler's own session.
     row_written: bool = False
 
@@ -175,7 +182,9 @@ class Worker:
         self._stopping = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._recorder: asyncio.Task[None] | None = None
-        self.heartbeater = Heartbeater(settings.lease_ms, self._new_client, self._lease_lost)
+        self.heartbeater = Heartbeater(
+            settings.lease_ms, self._new_client, self._lease_lost, settings.progress_interval_ms
+        )
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -280,6 +289,7 @@ class Worker:
                 self._update_room()
                 continue
             self._reserved += want
+            claim_ns = time.time_ns()
             try:
                 jobs = await shard.client.claim(
                     s.worker_id, want, s.lease_ms, queues=shard.claim_order()
@@ -293,6 +303,11 @@ class Worker:
                 self._update_room()
             if jobs:
                 runs = self._register(shard, jobs)
+                for job in jobs:  # a job submitted traced: a claim span in its trace
+                    if job.trace_context:
+                        tracing.record(
+                            "shardq claim", job.trace_context, claim_ns, "consumer", _attrs(job)
+                        )
                 # A task of its own, not awaited: this loop claims on while Postgres answers
                 # the batch's already-done check (waiting for it put every Postgres hiccup
                 # into the claim lateness of the jobs behind). A stop() that cancels this
@@ -346,17 +361,26 @@ class Worker:
             factory = self._async_sessions
         elif spec.mode == "thread":
             factory = self._sync_session_factory()
-        ctx = make_context(job, run.shard_id, int(run.started_ms + timeout_s * 1000), factory)
+        ctx = make_context(
+            job, run.shard_id, int(run.started_ms + timeout_s * 1000), factory, self._reporter(run)
+        )
         try:
             payload = json.loads(job.payload)
             # A timeout scope, not wait_for: wait_for wraps the call in a second task per job.
             async with asyncio.timeout(timeout_s):
-                value = await self._call(spec, ctx, payload, run)
+                # The handler's spans are children of this one (no-op when untraced).
+                with tracing.span(f"shardq run {job.handler}", job.trace_context, "consumer",
+                                  _attrs(job) if job.trace_context else None):  # fmt: skip
+                    value = await self._call(spec, ctx, payload, run)
             outcome = Outcome(run, "success", result=to_json(value), row_written=ctx.uses_session)
         except asyncio.CancelledError:
             outcome = Outcome(run, _interrupted(run))
         except Exception as exc:
             outcome = _failure(run, exc, timeout_s)
+            if spec.retry is not None:
+                outcome.backoff = spec.retry.over(self.settings.shard.backoff)
+                if isinstance(exc, spec.retry.permanent):
+                    outcome.permanent = True
         finally:
             await _close_session(ctx)
         if outcome.kind == "failure" and spec.max_attempts and job.attempt >= spec.max_attempts:
@@ -393,6 +417,18 @@ class Worker:
             self._sync_sessions = sessionmaker(engine, expire_on_commit=False)
         return self._sync_sessions
 
+    def _reporter(self, run: Running) -> Callable[[JobProgress], bool]:
+        """Where ``ctx.progress`` of ``run`` goes: the run (for its row, timed like the row's
+        finish, see :meth:`_row`) and the heartbeat thread (for the job hash)."""
+
+        def report(p: JobProgress) -> bool:
+            started = run.job.started_at_ms or run.started_ms
+            at = started + max(0, now_ms() - run.started_ms)
+            run.progress = dataclasses.replace(p, updated_at_ms=at)
+            return self.heartbeater.report(run.shard_id, run.lease, p)
+
+        return report
+
     def _row(
         self, run: Running, status: JobState, result: Any = None, error: str = ""
     ) -> ResultRow:
@@ -415,6 +451,7 @@ class Worker:
             finished_ms=started + max(0, now_ms() - run.started_ms),
             result=result,
             error=error or None,
+            progress=None if run.progress is None else run.progress.as_json(),
         )
 
     def _lease_lost(self, shard_id: int, job_id: str, code: ItemCode) -> None:
@@ -460,9 +497,15 @@ class Worker:
                 rows.append(self._row(o.run, JobState.CANCELLED, error="cancelled while running"))
             elif o.dies:
                 rows.append(self._row(o.run, JobState.DEAD, error=o.error))
+        # The last progress of these jobs goes to their hashes before the acks end the
+        # leases (through the heartbeat thread, which sends every progress in order).
+        flushing = self.heartbeater.flush([(o.run.shard_id, o.run.job.job_id) for o in batch])
         # Rows first, then acks: a crash in between leaves rows whose jobs get re-delivered
         # and acked without running (already_done), never an acked job without its row.
         await self._retry_db(lambda: self.results.write(rows))
+        if flushing is not None:
+            wait_s = self.settings.lease_ms / 1000
+            await asyncio.wait([asyncio.wrap_future(flushing)], timeout=wait_s)
         # No more heartbeats for these leases, before the calls that end them: a heartbeat
         # answered after an ack would otherwise read as a lost lease (worker/heartbeat.py).
         # Those calls' own answers tell a lease that really was lost (_count_stale).
@@ -494,6 +537,7 @@ class Worker:
                             o.error,
                             permanent=o.permanent,
                             retry_at_ms=o.retry_at_ms,
+                            backoff=o.backoff,
                         )
                         for o in failures
                     ]
@@ -549,6 +593,15 @@ class Worker:
                 log.warning("database unavailable, retrying in %.1fs: %s", delay, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.settings.db_retry_cap_s)
+
+
+def _attrs(job: ClaimedJob) -> dict[str, Any]:
+    """A traced job's span attributes."""
+    return {
+        "shardq.tenant": job.tenant, "shardq.job_id": job.job_id,
+        "shardq.request_id": job.request_id, "shardq.handler": job.handler,
+        "shardq.attempt": job.attempt, "shardq.queue": job.queue,
+    }  # fmt: skip
 
 
 def _interrupted(run: Running) -> str:

@@ -66,6 +66,9 @@ class WorkerSettings:
     unknown_handler_backoff_ms: int = 5_000
     #: Each missing handler's name is logged at most once per this interval, in s.
     unknown_handler_log_interval_s: float = 60.0
+    #: A job's progress (``ctx.progress``) is written to its shard at most once per this
+    #: interval, in ms; the last report wins (``SHARDQ_PROGRESS_INTERVAL_MS``).
+    progress_interval_ms: int = 1_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", parse_queues(self.queues))
@@ -73,3 +76,6 @@ class WorkerSettings:
             self.unknown_handler_backoff_ms, 0, validation.MAX_TIMEOUT_MS,
             "unknown_handler_backoff_ms",
         )  # fmt: skip
+        validation.int_in_range(
+            self.progress_interval_ms, 1, validation.MAX_TIMEOUT_MS, "progress_interval_ms"
+        )

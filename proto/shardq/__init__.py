@@ -2,7 +2,10 @@
 
 The public surface is short. A service that submits jobs uses the client::
 
-    from shardq import Client, AsyncClient
+    from shardq import Client, AsyncClient, Job, JobState
+
+    with Client("127.0.0.1:50051", token="sq_...") as c:
+        job = c.wait(c.submit("email.send", {"to": "a@example.com"}).job_id, timeout=60)
 
 A worker's handlers use :mod:`shardq.worker`::
 
@@ -18,9 +21,39 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardq.client import AsyncClient, Client, RetryPolicy
+    from shardq.client import (
+        AsyncClient,
+        Client,
+        Job,
+        JobProgress,
+        JobRequest,
+        JobState,
+        Page,
+        RetryBackoff,
+        RetryPolicy,
+        Schedule,
+        SubmitItem,
+        Submitted,
+        TenantLimits,
+        TenantStats,
+    )
 
-__all__ = ["AsyncClient", "Client", "RetryPolicy"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "Job",
+    "JobProgress",
+    "JobRequest",
+    "JobState",
+    "Page",
+    "RetryBackoff",
+    "RetryPolicy",
+    "Schedule",
+    "SubmitItem",
+    "Submitted",
+    "TenantLimits",
+    "TenantStats",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -23,8 +23,8 @@
 -- Each claimed job's hash gets 's' = 'active', 'f' = its new fence, 'sa' = now_ms, 'at' + 1,
 -- and loses 'xw'/'xu'; its tenant's 'ready' and 'active' gauges move (once per tenant per
 -- call). A tenant whose active jobs reach its max_active joins 'parked'.
--- Returns  a flat list, 14 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
---          entry j of job k = 0, 1, ... is reply[k*14+j]; "<- 'x'" names the hash field read
+-- Returns  a flat list, 15 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
+--          entry j of job k = 0, 1, ... is reply[k*15+j]; "<- 'x'" names the hash field read
 --   j=1   job_id           (string)          the hash's key {prefix}:job:{job_id}
 --   j=2   fence            (int)             <- 'f' (the token this claim took)
 --   j=3   tenant           (string)          <- 't'
@@ -39,6 +39,7 @@
 --   j=12  timeout_ms       (int, ms)         <- 'to'
 --   j=13  queue            (string)          <- 'q' (the queue it was claimed from)
 --   j=14  started_at_ms    (int, unix ms)    <- 'sa' (now: this claim's start)
+--   j=15  trace_context    (string)          <- 'tc' ('' when the submitter sent none)
 -- When the batch filled up (or the skip cap was hit) and work remains in a queue, one wake-up
 -- token is left on that queue's wake list for another worker.
 local now, lease_ms = shard_now(ARGV[1]), tonumber(ARGV[2])
@@ -154,7 +155,7 @@ local function take(q, t, i, id, j)
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, fence, t, j[4]
   out[n + 5], out[n + 6], out[n + 7], out[n + 8] = j[5], j[6], j[7], j[8]
   out[n + 9], out[n + 10], out[n + 11], out[n + 12] = j[9], attempts, j[10], j[11]
-  out[n + 13], out[n + 14] = q, now
+  out[n + 13], out[n + 14], out[n + 15] = q, now, j[13] or ''
   claimed = claimed + 1
 end
 
@@ -197,7 +198,7 @@ local function claim_from(q)
           end
         end
         local j = redis.call('HMGET', k_job(id), 's', 'xw', 'xu', 'r', 'h', 'p', 'pr', 'ra', 'ca',
-          'ma', 'to', 'at')
+          'ma', 'to', 'at', 'tc')
         if j[1] == 'ready' and j[2] == worker and (tonumber(j[3]) or 0) > now then
           -- Handed back by this worker, which lacks its handler: to the tail, for another.
           if redis.call('RPUSH', rkey, id) == 1 then

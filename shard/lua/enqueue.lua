@@ -7,11 +7,12 @@
 --                                              promoter_wake keys
 -- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
 --                                              value, unix ms (tests, on a FakeClock)
--- ARGV[2]  dedupe_ttl_ms             (int)     how long a request_id stays deduplicated
+-- ARGV[2]  dedupe_ttl_ms             (int)     how long a request_id stays deduplicated, for
+--                                              a tenant whose limits:{t} has no 'dedupe' (s)
 -- ARGV[3]  map_version               (int)     shard-map version the caller routed with; 0 for
 --                                              the shard's own loop (cron), never refused
--- ARGV[4..] 13 entries per job (PreparedJob.to_argv in shard/records.py): entry j of job
---          k = 0, 1, ... is ARGV[3+k*13+j]; "-> 'x'" names the job hash field it is stored in
+-- ARGV[4..] 15 entries per job (PreparedJob.to_argv in shard/records.py): entry j of job
+--          k = 0, 1, ... is ARGV[3+k*15+j]; "-> 'x'" names the job hash field it is stored in
 --   j=1   tenant           (string)          -> 't'
 --   j=2   job_id           (string)          the hash's key {prefix}:job:{job_id}
 --   j=3   request_id       (string)          -> 'r' (and the dedupe key's name)
@@ -30,6 +31,10 @@
 --          rate)), used where the tenant's limits:{t} hash has no such field; none is stored. A job made here also gets 's' = 'ready' (or
 --          'scheduled' when its run-at > now), 'ca' = now, 'at' = 0 and 'f' = 0; its
 --          payload's length is added to counts:{t} 'bytes'.
+--   j=14  retry            (string)          -> 'rb': "<base_ms> <max_ms> <jitter>", the job's
+--          own retry policy (fail.lua); '' for none, and then nothing is stored
+--   j=15  trace_context    (string)          -> 'tc': the submitter's W3C trace context
+--          (shardq.common.tracing); '' for none, and then nothing is stored
 -- Returns  one {code, job_id, state, retry_after_ms, created_at_ms, run_at_ms} per job, in
 --          order (EnqueueResult); job_id is the hash's key, state its 's' ('' when there is no
 --          job), created_at_ms and run_at_ms its 'ca' and 'ra' when this call made it (OK),
@@ -43,7 +48,7 @@
 local now = shard_now(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local map_version = tonumber(ARGV[3])
-local STRIDE = 13
+local STRIDE = 15
 local FIRST = 4
 local out = {}
 
@@ -55,14 +60,16 @@ if map_version > 0 then
   end
 end
 
--- limits:{t} per tenant of the batch, read once: {max_pending, max_pending_bytes, rate, burst}.
+-- limits:{t} per tenant of the batch, read once: {max_pending, max_pending_bytes, rate, burst,
+-- dedupe (s)}.
 local limits = {}
 -- Tenants of the batch already added to the shard's tenant set.
 local seen_tenants = {}
 local function limits_of(tenant)
   local l = limits[tenant]
   if not l then
-    l = redis.call('HMGET', k_limits(tenant), 'max_pending', 'max_pending_bytes', 'rate', 'burst')
+    l = redis.call('HMGET', k_limits(tenant), 'max_pending', 'max_pending_bytes', 'rate', 'burst',
+      'dedupe')
     limits[tenant] = l
   end
   return l
@@ -135,7 +142,8 @@ for i = FIRST, #ARGV, STRIDE do
     if wait > 0 then
       result = {RATE_LIMITED, '', '', wait, 0, 0}
     else
-      redis.call('SET', dkey, id .. ' ' .. digest, 'PX', ttl)
+      local window = tonumber(l[5])
+      redis.call('SET', dkey, id .. ' ' .. digest, 'PX', window and window * 1000 or ttl)
       local state = 'ready'
       if run_at > now then state = 'scheduled' end
       local job = k_job(id)
@@ -143,6 +151,8 @@ for i = FIRST, #ARGV, STRIDE do
         'pr', prio, 's', state, 'ra', run_at, 'ca', now, 'at', 0, 'ma', max_attempts,
         'to', timeout_ms, 'f', 0)
       if q ~= DEFAULT_QUEUE then redis.call('HSET', job, 'q', q) end
+      if ARGV[i + 13] ~= '' then redis.call('HSET', job, 'rb', ARGV[i + 13]) end
+      if ARGV[i + 14] ~= '' then redis.call('HSET', job, 'tc', ARGV[i + 14]) end
       if state == 'ready' then
         push_ready(id, tenant, q, prio)
       else

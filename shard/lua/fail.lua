@@ -1,7 +1,10 @@
--- Record failed attempts: back to the delayed ZSET for a retry after retry_in_ms, or to the
--- tenant's dead-letter set when attempts are used up or the failure is permanent. The retry
--- delay (exponential backoff with jitter) is chosen by the caller: no randomness here; the
--- retry's run-at is the shard's now plus that delay.
+-- Record failed attempts: back to the delayed ZSET for a retry after a backoff, or to the
+-- tenant's dead-letter set when attempts are used up or the failure is permanent. The backoff
+-- is computed here, the one place it is (shard/backoff.py): after attempt n ('at') the wait is
+-- w = min(cap, base * 2^(n-1)) (exponent at most 40), then w - w * jitter * draw; the policy is
+-- the job's own ('rb', each field 0 = unset) over the caller's (the handler's, or the server
+-- default); the random draw is the caller's, so this script stays deterministic. The retry's
+-- run-at is the shard's now plus the wait.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, scheduled,
 --                                              tscheduled, dead, counts, promoter_wake, limits,
 --                                              parked, paused, tqpaused, tqueues, qring,
@@ -9,26 +12,47 @@
 -- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
 --                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  retention_ms              (int)     how long a job cancelled meanwhile is kept
--- ARGV[3..] 5 entries per job (a Failure); "-> 'x'" names the job hash field it is stored in
+-- ARGV[3..] 7 entries per job (a Failure); "-> 'x'" names the job hash field it is stored in
 --   job_id                           (string)  the hash's key {prefix}:job:{job_id}
 --   fence                            (int)     must equal 'f' (the lease's token)
 --   error                            (string)  -> 'e'
---   retry_in_ms                      (int, ms) 'ra' = now + retry_in_ms when retried (and the
---                                              delayed ZSET score)
+--   retry_in_ms                      (int, ms) -1: the backoff above; else this wait (a
+--                                              handler's RetryLater). 'ra' = now + the wait
+--                                              when retried (and the delayed ZSET score)
 --   permanent                        (0 | 1)   1 = dead now, whatever attempts remain
+--   policy                           (string)  "<base_ms> <cap_ms> <jitter>", every field set
+--   draw                             (float)   uniform in [0, 1): the jitter's random draw
 -- A job that ends (dead, cancelled) also gets 'fa' = now_ms and its payload leaves
 -- counts:{t} 'bytes'; 's' is set to the state returned. A tenant parked at its max_active is
 -- un-parked once below it.
 -- Returns  one {code, state} per job (FailResult), state being 's' after the call: OK with
 --          'scheduled' or 'dead' | CANCELLED (cancel was requested while it ran)
 --          | STALE_LEASE (nothing changed; the job's 's', '' when there is no job)
+local function policy_of(s)
+  local b, c, j = string.match(s, '^(%S+) (%S+) (%S+)$')
+  return tonumber(b), tonumber(c), tonumber(j)
+end
+
+-- The wait after attempt `attempt` failed: the job's own policy ('rb') over `policy`.
+local function backoff_ms(own, policy, draw, attempt)
+  local base, cap, jitter = policy_of(policy)
+  if own then
+    local b, c, j = policy_of(own)
+    if b > 0 then base = b end
+    if c > 0 then cap = c end
+    if j > 0 then jitter = j end
+  end
+  local wait = math.min(cap, base * 2 ^ math.min(math.max(attempt, 1) - 1, 40))
+  return math.floor(wait - wait * jitter * draw)
+end
+
 local now, retention = shard_now(ARGV[1]), tonumber(ARGV[2])
 local out = {}
-for i = 3, #ARGV, 5 do
+for i = 3, #ARGV, 7 do
   local id, fence, err = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local retry_at, permanent = now + tonumber(ARGV[i + 3]), ARGV[i + 4] == '1'
+  local retry_in, permanent = tonumber(ARGV[i + 3]), ARGV[i + 4] == '1'
   local job = k_job(id)
-  local j = redis.call('HMGET', job, 's', 'f', 'cx', 't', 'at', 'ma')
+  local j = redis.call('HMGET', job, 's', 'f', 'cx', 't', 'at', 'ma', 'rb')
   if j[1] ~= 'active' or j[2] ~= fence then
     out[#out + 1] = {STALE_LEASE, j[1] or ''}
   else
@@ -47,6 +71,10 @@ for i = 3, #ARGV, 5 do
       uncount_bytes(job, tenant)
       out[#out + 1] = {OK, 'dead'}
     else
+      if retry_in < 0 then
+        retry_in = backoff_ms(j[7], ARGV[i + 5], tonumber(ARGV[i + 6]), tonumber(j[5]))
+      end
+      local retry_at = now + retry_in
       redis.call('HSET', job, 's', 'scheduled', 'ra', retry_at, 'e', err)
       push_scheduled(id, tenant, retry_at)
       redis.call('HINCRBY', k_counts(tenant), 'scheduled', 1)

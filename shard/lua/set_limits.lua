@@ -1,4 +1,4 @@
--- Set a tenant's limits (all six at once: a 0 removes the field, so the caller's default or
+-- Set a tenant's limits (all seven at once: a 0 removes the field, so the caller's default or
 -- none applies), or adopt them on a move's target unless the tenant has limits here already.
 -- A tenant parked at its max_active is un-parked (back on its rings, workers woken) when the
 -- new cap is above its active jobs or gone; one at or over a new cap is parked. The tenant's
@@ -14,11 +14,14 @@
 -- ARGV[6]  submit_burst              (int)     -> 'burst' (bucket size)
 -- ARGV[7]  max_pending               (int)     -> 'max_pending' (jobs)
 -- ARGV[8]  max_pending_bytes         (int)     -> 'max_pending_bytes' (payload bytes)
+-- ARGV[9]  dedupe_window_s           (int)     -> 'dedupe' (s a request_id is deduplicated;
+--                                              enqueue.lua's dedupe_ttl_ms where absent)
 -- Returns  1 when written, 0 when 'adopt' found limits here already
 local tenant, mode = ARGV[1], ARGV[2]
 local key = k_limits(tenant)
 if mode == 'adopt' and redis.call('EXISTS', key) == 1 then return 0 end
-local names = {'weight', 'max_active', 'rate', 'burst', 'max_pending', 'max_pending_bytes'}
+local names = {'weight', 'max_active', 'rate', 'burst', 'max_pending', 'max_pending_bytes',
+  'dedupe'}
 for n, name in ipairs(names) do
   local value = ARGV[n + 2]
   if tonumber(value) > 0 then

@@ -34,7 +34,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from shardq.client import job_spec
 from shardq.common.validation import TENANT_ID_RE
 from shardq.coordinator import api
 from shardq.shard.models import Failure
@@ -86,9 +85,11 @@ ALLOWED: dict[str, set[grpc.StatusCode]] = {
     "GetTenantLimits": {C.OK, C.INVALID_ARGUMENT} | AUTH,
     "Pause": {C.OK, C.INVALID_ARGUMENT} | AUTH,
     "Resume": {C.OK, C.INVALID_ARGUMENT} | AUTH,
+    "ListShardStatus": {C.OK} | AUTH,
 }
 ADMIN_ONLY = {
     "GetShardMap", "ListTenantStats", "SetTenantLimits", "GetTenantLimits", "Pause", "Resume",
+    "ListShardStatus",
 }  # fmt: skip
 WORKER_CALLS = {"WatchAssignment"}
 #: Per-item codes of SubmitJobs: INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED.
@@ -159,9 +160,9 @@ async def fuzz() -> AsyncIterator[Fuzz]:
             victim_jobs = [
                 doomed,
                 (await victim.submit("h", {"v": 1})).job_id,
-                (await victim.submit("h", {"v": 2}, delay_ms=3_600_000)).job_id,
+                (await victim.submit("h", {"v": 2}, delay=3600)).job_id,
             ]
-            await victim.create_schedule("nightly", "0 3 * * *", job_spec("report", {}))
+            await victim.schedule("nightly", "0 3 * * *", "report", {})
             tokens = {
                 "tenant": await cluster.token_for(FUZZ),
                 "admin": cluster.admin_token,
@@ -174,7 +175,7 @@ async def fuzz() -> AsyncIterator[Fuzz]:
                 # job-ID fuzzing meets live jobs however few submits hypothesis gets through.
                 own = await cluster.client(FUZZ)
                 for n in range(10):
-                    fz.jobs.append((await own.submit("h", {"n": n}, delay_ms=n * 600_000)).job_id)
+                    fz.jobs.append((await own.submit("h", {"n": n}, delay=n * 600)).job_id)
                 yield fz
 
 
@@ -233,6 +234,11 @@ INT64 = st.one_of(
     st.integers(0, 10_000),
 )
 UINT32 = st.one_of(st.integers(0, 2**32 - 1), st.integers(0, 12), st.sampled_from([2**32 - 1]))
+#: The int32 request fields (JobSpec's priority, max_attempts, timeout_ms, page sizes, weight):
+#: what a JS caller's -1 is on the wire now, and the edges of the type.
+INT32 = st.one_of(
+    st.integers(-(2**31), 2**31 - 1), st.integers(-3, 12), st.sampled_from([-1, -(2**31)])
+)
 ODD_STRINGS = [
     "",
     "\x00",
@@ -307,7 +313,7 @@ RATES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from([0.0, -0.0, 0.5, -1.0, 999_999_999.9, 1e9, 1e300, float("inf")]),
 )
-WEIGHTS = st.one_of(UINT32, st.sampled_from([0, 1, 999, 1000, 1001]))
+WEIGHTS = st.one_of(INT32, st.sampled_from([-1, 0, 1, 999, 1000, 1001]))
 STATES = st.one_of(st.integers(0, 6), st.integers(-(2**31), 2**31 - 1))
 PAGE_TOKENS = st.one_of(
     TEXT,
@@ -325,16 +331,20 @@ def hostile_job_specs(draw: st.DrawFn) -> common_pb2.JobSpec:
     if draw(st.integers(0, 9)):  # mostly present: a missing handler is one bad case of many
         spec.handler = draw(HANDLERS)
     spec.payload = draw(PAYLOADS)
-    spec.priority = draw(UINT32)
+    spec.priority = draw(INT32)
     when = draw(st.sampled_from(["none", "run_at", "delay"]))
     if when == "run_at":
         spec.run_at_unix_ms = draw(INT64)
     elif when == "delay":
         spec.delay_ms = draw(INT64)
-    spec.max_attempts = draw(UINT32)
-    spec.timeout_ms = draw(UINT32)
+    spec.max_attempts = draw(INT32)
+    spec.timeout_ms = draw(INT32)
     if draw(st.booleans()):
         spec.queue = draw(QUEUES)
+    if draw(st.booleans()):  # the job's retry policy: any int64s, any double (NaN, inf)
+        spec.retry.base_ms = draw(INT64)
+        spec.retry.max_ms = draw(INT64)
+        spec.retry.jitter = draw(st.floats())
     return spec
 
 
@@ -352,6 +362,10 @@ def valid_job_specs(draw: st.DrawFn) -> common_pb2.JobSpec:
     )
     if draw(st.booleans()):
         spec.delay_ms = draw(st.integers(0, 86_400_000))
+    if draw(st.booleans()):
+        spec.retry.base_ms = draw(st.integers(0, 60_000))
+        spec.retry.max_ms = draw(st.sampled_from([0, 3_600_000]))
+        spec.retry.jitter = draw(st.floats(0, 1))
     return spec
 
 
@@ -534,7 +548,7 @@ async def test_listings_answer_only_documented_codes(
 ) -> None:
     caller, md = data.draw(credentials(fuzz))
     tenant = data.draw(tenant_ids(caller))
-    page_size, token = data.draw(UINT32), data.draw(st.one_of(st.just(""), PAGE_TOKENS))
+    page_size, token = data.draw(INT32), data.draw(st.one_of(st.just(""), PAGE_TOKENS))
     if method == "ListJobs":
         req: Any = jobs_pb2.ListJobsRequest(
             tenant_id=tenant, state=data.draw(STATES), page_size=page_size, page_token=token
@@ -622,7 +636,7 @@ async def test_schedule_reads_and_deletes_answer_only_documented_codes(
     tenant = data.draw(tenant_ids(caller))
     if method == "ListSchedules":
         req: Any = schedules_pb2.ListSchedulesRequest(
-            tenant_id=tenant, page_size=data.draw(UINT32), page_token=data.draw(PAGE_TOKENS)
+            tenant_id=tenant, page_size=data.draw(INT32), page_token=data.draw(PAGE_TOKENS)
         )
     else:
         known = st.sampled_from(fuzz.schedules[-20:] or ["nightly"])

@@ -1,21 +1,22 @@
-"""The client's RetryPolicy: which codes it retries, for how long, with the same request.
+"""The client's RetryPolicy: which codes it retries, for how long, with the same request,
+for the blocking client (gRPC's sync stubs) and the asyncio one alike.
 
 A scripted JobService on a real gRPC server answers each try as the test says and records
-what it was sent; the RESOURCE_EXHAUSTED opt-in is also run against a real coordinator
-whose tenant is over its submit rate. The retry through a coordinator restart is in
-test_coordinator.py.
+what it was sent; RESOURCE_EXHAUSTED is also run against a real coordinator whose tenant is
+over its submit rate. The retry through a coordinator restart is in test_coordinator.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import pytest
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
-from shardq.client import CHANNEL_OPTIONS, AsyncClient, RetryPolicy
+from shardq.client import CHANNEL_OPTIONS, AsyncClient, Client, RetryPolicy, Submitted
 from shardq.shard.models import TenantLimits
 from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from tests.support.cluster import running_cluster
@@ -68,7 +69,7 @@ class ScriptedJobs(jobs_pb2_grpc.JobServiceServicer):
 
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[ScriptedJobs, str]]:
-    jobs = ScriptedJobs()
+    jobs = ScriptedJobs()  # type: ignore[abstract]  # only SubmitJob is called
     srv = grpc.aio.server()
     jobs_pb2_grpc.add_JobServiceServicer_to_server(jobs, srv)
     port = srv.add_insecure_port("127.0.0.1:0")
@@ -79,8 +80,17 @@ async def server() -> AsyncIterator[tuple[ScriptedJobs, str]]:
         await srv.stop(0)
 
 
-async def submit(target: str, policy: RetryPolicy | None = None) -> grpc.StatusCode | None:
-    """Submit one job with ``policy`` (the default when None): None, or the code it raised."""
+def submit_blocking(target: str, policy: RetryPolicy | None) -> grpc.StatusCode | None:
+    with Client(target, "sq_token", retry=policy) as client:
+        try:
+            client.submit("h", {}, request_id="rid-1")
+        except grpc.RpcError as exc:
+            code: grpc.StatusCode = exc.code()
+            return code
+    return None
+
+
+async def submit_async(target: str, policy: RetryPolicy | None) -> grpc.StatusCode | None:
     async with AsyncClient(target, "sq_token", retry=policy) as client:
         try:
             await client.submit("h", {}, request_id="rid-1")
@@ -89,11 +99,29 @@ async def submit(target: str, policy: RetryPolicy | None = None) -> grpc.StatusC
     return None
 
 
+Submit = Callable[..., Awaitable[grpc.StatusCode | None]]
+
+
+@pytest.fixture(params=["blocking", "asyncio"])
+def submit(request: pytest.FixtureRequest) -> Submit:
+    """Submit one job with a policy (the default when None) through the blocking client (in a
+    thread: the scripted server runs on this loop) or the asyncio one: None, or the code it
+    raised."""
+
+    async def blocking(target: str, policy: RetryPolicy | None = None) -> grpc.StatusCode | None:
+        return await asyncio.to_thread(submit_blocking, target, policy)
+
+    async def asyncio_(target: str, policy: RetryPolicy | None = None) -> grpc.StatusCode | None:
+        return await submit_async(target, policy)
+
+    return blocking if request.param == "blocking" else asyncio_
+
+
 def test_the_default_budget_covers_a_coordinator_restart() -> None:
     policy = RetryPolicy()
     assert policy.deadline_s >= 15  # a restart is 5-7 s, plus the reconnect backoff
     assert policy.attempts == 0  # the deadline, not a count, ends it
-    assert not policy.retry_resource_exhausted
+    assert policy.retry_resource_exhausted  # after the delay the server asks for
     assert dict(CHANNEL_OPTIONS)["grpc.max_reconnect_backoff_ms"] <= 5_000
     for attempt in range(30):
         ceiling = min(policy.cap_s, policy.base_s * 2**attempt)
@@ -101,7 +129,7 @@ def test_the_default_budget_covers_a_coordinator_restart() -> None:
 
 
 async def test_unavailable_is_retried_with_the_same_request_until_it_succeeds(
-    server: tuple[ScriptedJobs, str],
+    server: tuple[ScriptedJobs, str], submit: Submit
 ) -> None:
     jobs, target = server
     jobs.script = [Answer(UNAVAILABLE)] * 5 + [Answer(grpc.StatusCode.CANCELLED)]
@@ -110,7 +138,7 @@ async def test_unavailable_is_retried_with_the_same_request_until_it_succeeds(
 
 
 async def test_attempts_and_the_deadline_each_end_the_retries(
-    server: tuple[ScriptedJobs, str],
+    server: tuple[ScriptedJobs, str], submit: Submit
 ) -> None:
     jobs, target = server
     jobs.forever = Answer(UNAVAILABLE)
@@ -126,7 +154,9 @@ async def test_attempts_and_the_deadline_each_end_the_retries(
     assert set(jobs.tries) == {"rid-1"}
 
 
-async def test_other_codes_are_not_retried(server: tuple[ScriptedJobs, str]) -> None:
+async def test_other_codes_are_not_retried(
+    server: tuple[ScriptedJobs, str], submit: Submit
+) -> None:
     jobs, target = server
     for code in (
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -141,21 +171,17 @@ async def test_other_codes_are_not_retried(server: tuple[ScriptedJobs, str]) -> 
         assert len(jobs.tries) == 1
 
 
-async def test_resource_exhausted_is_retried_after_the_servers_delay_only_when_asked(
-    server: tuple[ScriptedJobs, str],
+async def test_resource_exhausted_is_retried_after_the_servers_delay_unless_turned_off(
+    server: tuple[ScriptedJobs, str], submit: Submit
 ) -> None:
     jobs, target = server
-    opt_in = RetryPolicy(retry_resource_exhausted=True)
-    jobs.script = [Answer(EXHAUSTED, retry_info_ms=50, trailer_ms=50)]
-    assert await submit(target) == EXHAUSTED  # the default: the caller's backpressure
-    assert len(jobs.tries) == 1
     for answer in (
         Answer(EXHAUSTED, retry_info_ms=50, trailer_ms=60_000),  # RetryInfo first
         Answer(EXHAUSTED, trailer_ms=50),  # the trailer alone
     ):
         jobs.tries.clear()
         jobs.script = [answer]
-        assert await submit(target, opt_in) is None
+        assert await submit(target) is None  # the default policy waits and retries
         assert jobs.tries == ["rid-1", "rid-1"]
     for answer in (
         Answer(EXHAUSTED),  # no delay given: not retried
@@ -163,24 +189,45 @@ async def test_resource_exhausted_is_retried_after_the_servers_delay_only_when_a
     ):
         jobs.tries.clear()
         jobs.script = [answer]
-        assert await submit(target, opt_in) == EXHAUSTED
+        assert await submit(target) == EXHAUSTED
         assert len(jobs.tries) == 1
+    jobs.tries.clear()
+    jobs.script = [Answer(EXHAUSTED, retry_info_ms=50, trailer_ms=50)]
+    off = RetryPolicy(retry_resource_exhausted=False)  # the caller's own backpressure
+    assert await submit(target, off) == EXHAUSTED
+    assert len(jobs.tries) == 1
 
 
-async def test_a_tenant_over_its_rate_gets_through_with_the_opt_in(database_url: str) -> None:
-    limits = {"rated": TenantLimits(submit_rate_per_s=1, submit_burst=1)}
+def submit_three_blocking(target: str, token: str) -> list[Submitted]:
+    with Client(target, token) as client:  # the default policy
+        return [client.submit("h", {"blocking": i}) for i in range(3)]
+
+
+async def test_a_tenant_over_its_rate_gets_through_by_waiting_as_the_server_says(
+    database_url: str,
+) -> None:
+    limits = {"rated": TenantLimits(submit_rate_per_s=2, submit_burst=1)}
     async with running_cluster(database_url, tenant_limits=limits) as cluster:
-        plain = await cluster.client("rated", retry=RetryPolicy())
+        off = await cluster.client("rated", retry=RetryPolicy(retry_resource_exhausted=False))
         codes = []
         for i in range(3):
             try:
-                await plain.submit("h", {"i": i})
+                await off.submit("h", {"i": i})
                 codes.append(grpc.StatusCode.OK)
             except grpc.aio.AioRpcError as exc:
                 codes.append(exc.code())
-        assert EXHAUSTED in codes  # the default policy hands it to the caller
+        assert EXHAUSTED in codes  # over its rate: refused, with the delay to wait
         assert set(codes) <= {grpc.StatusCode.OK, EXHAUSTED}
-        patient = await cluster.client("rated", retry=RetryPolicy(retry_resource_exhausted=True))
-        subs = [await patient.submit("h", {"n": i}, request_id=f"r-{i}") for i in range(3)]
-        assert len({s.job_id for s in subs}) == 3
+        accepted = codes.count(grpc.StatusCode.OK)
+
+        # The default policy waits the RetryInfo delay and tries again: every submit gets
+        # through (a bucket of 1 refuses at least the second of each quick run of three),
+        # each one job.
+        patient = await cluster.client("rated", retry=RetryPolicy())
+        subs = [await patient.submit("h", {"n": i}) for i in range(3)]
+        token = await cluster.token_for("rated")
+        subs += await asyncio.to_thread(submit_three_blocking, cluster.target, token)
+        assert len({s.job_id for s in subs}) == 6
+        assert len({s.job.request_id for s in subs}) == 6
         assert not any(s.deduplicated for s in subs)
+        assert (await patient.tenant_stats()).submitted_total == accepted + 6

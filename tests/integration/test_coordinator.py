@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
@@ -15,8 +15,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 from redis.asyncio import Redis
 
-from shardq.client import AsyncClient, Submitted, job_spec
-from shardq.common.errors import ShardqError, Unauthenticated
+from shardq.client import AsyncClient, JobState, Submitted, job_spec
+from shardq.common.errors import InvalidArgument, ShardqError, Unauthenticated
 from shardq.common.placement import slot_of
 from shardq.coordinator import router
 from shardq.coordinator.server import build_server, parse_args, settings_from
@@ -40,13 +40,13 @@ async def code_of(aw: object) -> grpc.StatusCode:
 
 async def test_a_submitted_job_can_be_read_back(cluster: Cluster) -> None:
     c = await cluster.client("acme")
-    sub = await c.submit("email.send", {"to": "a@example.com"}, priority=7, delay_ms=60_000)
+    sub = await c.submit("email.send", {"to": "a@example.com"}, priority=7, delay=60)
     assert not sub.deduplicated
     job = await c.get(sub.job_id)
     assert (job.tenant_id, job.handler, job.priority, job.state) == (
-        "acme", "email.send", 7, common_pb2.JOB_STATE_SCHEDULED,
+        "acme", "email.send", 7, JobState.SCHEDULED,
     )  # fmt: skip
-    assert json.loads(job.payload) == {"to": "a@example.com"}
+    assert job.payload == {"to": "a@example.com"}
     assert job.shard_id == cluster.coordinator.shard_map.shard_for("acme")
     assert sub.job == job  # the answer (built without reading the job back) is what is stored
 
@@ -55,9 +55,9 @@ async def test_a_submit_answers_exactly_what_get_then_reads(cluster: Cluster) ->
     c = await cluster.client("acme")
     subs = await asyncio.gather(
         c.submit("h", {"n": 1}),
-        c.submit("h", {"n": 2}, priority=9, max_attempts=3, timeout_ms=1_000),
-        c.submit("h", {"n": 3}, run_at_ms=1_000),  # due long ago: ready at once
-        *(c.submit("h", {"n": i}, delay_ms=i) for i in range(20)),  # coalesced together
+        c.submit("h", {"n": 2}, priority=9, max_attempts=3, timeout=1),
+        c.submit("h", {"n": 3}, run_at=datetime.fromtimestamp(1, UTC)),  # due long ago: ready
+        *(c.submit("h", {"n": i}, delay=timedelta(milliseconds=i)) for i in range(20)),  # coalesced
     )
     for sub in subs:
         assert sub.job == await c.get(sub.job_id)
@@ -69,19 +69,19 @@ async def test_a_repeated_submit_answers_the_first_job_as_get_reads_it_now(
     cluster: Cluster,
 ) -> None:
     c = await cluster.client("acme")
-    first = await c.submit("h", {"n": 1}, request_id="once", delay_ms=60_000)
+    first = await c.submit("h", {"n": 1}, request_id="once", delay=60)
     await c.cancel(first.job_id)
-    again = await c.submit("h", {"n": 1}, request_id="once", delay_ms=60_000)
+    again = await c.submit("h", {"n": 1}, request_id="once", delay=60)
     assert again.deduplicated and again.job.job_id == first.job_id
     assert again.job == await c.get(first.job_id)
-    assert again.job.state == common_pb2.JOB_STATE_CANCELLED
+    assert again.job.state == JobState.CANCELLED
     items = await c.submit_many(
-        [job_spec("h", {"n": 1}, request_id="once"), job_spec("h", {"n": 2}, delay_ms=60_000)]
+        [job_spec("h", {"n": 1}, request_id="once"), job_spec("h", {"n": 2}, delay=60)]
     )
-    read = [await c.get(item.job_id) for item in items]
+    read = [await c.get(str(item.job_id)) for item in items]
     assert [(i.job_id, i.request_id, i.state, i.deduplicated) for i in items] == [
-        (first.job_id, "once", common_pb2.JOB_STATE_CANCELLED, True),
-        (read[1].job_id, read[1].request_id, common_pb2.JOB_STATE_SCHEDULED, False),
+        (first.job_id, "once", JobState.CANCELLED, True),
+        (read[1].job_id, read[1].request_id, JobState.SCHEDULED, False),
     ]
     assert [j.state for j in read] == [i.state for i in items]
 
@@ -113,11 +113,12 @@ async def test_a_batch_reports_each_item_and_one_bad_item_does_not_fail_it(
         ]
     )
     assert [i.index for i in items] == [0, 1, 2, 3, 4]
-    assert items[0].job_id and items[0].state == common_pb2.JOB_STATE_READY
-    assert (items[1].error.code, items[1].error.field) == (3, "job.priority")
-    assert (items[2].error.code, items[2].error.field) == (3, "job.handler")
+    assert items[0].job_id and items[0].state == JobState.READY
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    errors = [(i.error.code, i.error.field) if i.error else None for i in items]
+    assert errors[1:3] == [(invalid, "job.priority"), (invalid, "job.handler")]
     assert items[3].deduplicated and items[3].job_id == items[0].job_id
-    assert (items[4].error.code, items[4].error.field) == (3, "job.payload")
+    assert errors[4] == (invalid, "job.payload")
 
 
 async def test_a_tenant_cannot_see_or_touch_another_tenants_jobs(cluster: Cluster) -> None:
@@ -125,8 +126,8 @@ async def test_a_tenant_cannot_see_or_touch_another_tenants_jobs(cluster: Cluste
     job = await a.submit("h", {})
     assert await code_of(b.get(job.job_id)) == grpc.StatusCode.NOT_FOUND
     assert await code_of(b.cancel(job.job_id)) == grpc.StatusCode.NOT_FOUND
-    listed = await b.list_jobs(common_pb2.JOB_STATE_READY)
-    assert not listed.jobs
+    listed = await b.list_jobs(JobState.READY)
+    assert not listed.items
 
     async def watch() -> None:
         async for _ in b.watch(job.job_id):
@@ -135,7 +136,7 @@ async def test_a_tenant_cannot_see_or_touch_another_tenants_jobs(cluster: Cluste
     assert await code_of(watch()) == grpc.StatusCode.NOT_FOUND
     nosy = await cluster.client("bravo", tenant_id="alpha")
     assert await code_of(nosy.get(job.job_id)) == grpc.StatusCode.PERMISSION_DENIED
-    assert (await a.get(job.job_id)).state == common_pb2.JOB_STATE_READY
+    assert (await a.get(job.job_id)).state == JobState.READY
 
 
 async def test_calls_without_a_valid_token_are_unauthenticated(cluster: Cluster) -> None:
@@ -213,17 +214,15 @@ async def test_over_quota_or_rate_is_resource_exhausted_with_a_retry_delay(
 
 async def test_cancel_list_and_watch_follow_the_job(cluster: Cluster) -> None:
     c = await cluster.client("acme")
-    later = await c.submit("h", {}, delay_ms=3_600_000)
-    listed = await c.list_jobs(common_pb2.JOB_STATE_SCHEDULED)
-    assert [j.job_id for j in listed.jobs] == [later.job_id]
+    later = await c.submit("h", {}, delay=3600)
+    listed = await c.list_jobs(JobState.SCHEDULED)
+    assert [j.job_id for j in listed.items] == [later.job_id]
     cancelled = await c.cancel(later.job_id)
-    assert cancelled.state == common_pb2.JOB_STATE_CANCELLED
-    assert (await c.cancel(later.job_id)).state == common_pb2.JOB_STATE_CANCELLED
+    assert cancelled.state == JobState.CANCELLED
+    assert (await c.cancel(later.job_id)).state == JobState.CANCELLED
     states = [j.state async for j in c.watch(later.job_id)]
-    assert states == [common_pb2.JOB_STATE_CANCELLED]
-    assert await code_of(c.list_jobs(common_pb2.JOB_STATE_UNSPECIFIED)) == (
-        grpc.StatusCode.INVALID_ARGUMENT
-    )
+    assert states == [JobState.CANCELLED]
+    assert await code_of(c.list_jobs(JobState.UNSPECIFIED)) == (grpc.StatusCode.INVALID_ARGUMENT)
 
 
 async def test_dead_letters_are_listed_and_requeued(cluster: Cluster) -> None:
@@ -234,23 +233,28 @@ async def test_dead_letters_are_listed_and_requeued(cluster: Cluster) -> None:
     (claimed,) = await client.claim("w1", 1, 30_000)
     await client.fail([Failure(claimed.job_id, claimed.fence, claimed.attempt, "boom")])
     dead = await c.list_dead()
-    assert [(j.job_id, j.last_error) for j in dead.jobs] == [(sub.job_id, "boom")]
+    assert [(j.job_id, j.error) for j in dead.items] == [(sub.job_id, "boom")]
     resp = await c.requeue_dead([sub.job_id, "NOSUCHJOB"])
-    assert (resp.requeued_count, list(resp.not_found_job_ids)) == (1, ["NOSUCHJOB"])
-    assert (await c.get(sub.job_id)).state == common_pb2.JOB_STATE_READY
-    assert await code_of(c.requeue_dead()) == grpc.StatusCode.INVALID_ARGUMENT
+    assert (resp.requeued, list(resp.not_found)) == (1, ["NOSUCHJOB"])
+    assert (await c.get(sub.job_id)).state == JobState.READY
+    # Neither IDs nor all: refused before any call (the field named), and by the server too.
+    with pytest.raises(InvalidArgument, match="job_ids"):
+        await c.requeue_dead()
+    raw = jobs_pb2.RequeueDeadJobsRequest(tenant_id="acme")
+    refused = c.stubs.jobs.RequeueDeadJobs(raw, metadata=c.metadata)
+    assert await code_of(refused) == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_schedules_are_created_listed_and_deleted(cluster: Cluster) -> None:
     c = await cluster.client("acme")
-    tpl = job_spec("report.build", {"kind": "daily"})
-    s = await c.create_schedule("daily", "0 6 * * *", tpl, time_zone="Europe/Paris")
-    assert s.next_run_at_unix_ms > 0
-    again = await c.create_schedule("daily", "0 6 * * *", tpl, time_zone="Europe/Paris")
-    assert again.next_run_at_unix_ms == s.next_run_at_unix_ms
-    other = c.create_schedule("daily", "0 7 * * *", tpl)
+    tpl = ("report.build", {"kind": "daily"})
+    s = await c.schedule("daily", "0 6 * * *", *tpl, timezone="Europe/Paris")
+    assert s.next_run_at is not None and s.next_run_at > datetime.now(UTC)
+    again = await c.schedule("daily", "0 6 * * *", *tpl, timezone="Europe/Paris")
+    assert again.next_run_at == s.next_run_at
+    other = c.schedule("daily", "0 7 * * *", *tpl)
     assert await code_of(other) == grpc.StatusCode.ALREADY_EXISTS
-    bad = c.create_schedule("x", "61 * * * *", tpl)
+    bad = c.schedule("x", "61 * * * *", *tpl)
     assert await code_of(bad) == grpc.StatusCode.INVALID_ARGUMENT
     assert [x.schedule_id for x in await c.list_schedules()] == ["daily"]
     await c.delete_schedule("daily")
@@ -408,24 +412,24 @@ async def test_pages_of_big_jobs_fit_what_a_grpc_client_accepts(cluster: Cluster
     c = await cluster.client("acme")
     big = {"blob": "x" * 900_000}
     submitted = {
-        "scheduled": {(await c.submit("h", big, delay_ms=3_600_000)).job_id for _ in range(5)},
+        "scheduled": {(await c.submit("h", big, delay=3600)).job_id for _ in range(5)},
         "ready": {(await c.submit("h", big)).job_id for _ in range(5)},
     }
     for name, state in (
-        ("scheduled", common_pb2.JOB_STATE_SCHEDULED),
-        ("ready", common_pb2.JOB_STATE_READY),
+        ("scheduled", JobState.SCHEDULED),
+        ("ready", JobState.READY),
     ):
         seen: list[str] = []
         token = ""
         while True:  # 100 asked for, about 3 fit in a page under the 4 MiB default
             page = await c.list_jobs(state, page_size=100, page_token=token)
-            assert 1 <= len(page.jobs) <= 3 and page.ByteSize() < 4 << 20
-            seen += [j.job_id for j in page.jobs]
+            # Received at all: the page fit the client's 4 MiB default receive limit.
+            assert 1 <= len(page.items) <= 3
+            seen += [j.job_id for j in page.items]
             token = page.next_page_token
             if not token:
                 break
         assert sorted(seen) == sorted(submitted[name])
-    tpl = job_spec("report", big)
     for i in range(5):
-        await c.create_schedule(f"s{i}", "0 6 * * *", tpl)
+        await c.schedule(f"s{i}", "0 6 * * *", "report", big)
     assert [s.schedule_id for s in await c.list_schedules()] == [f"s{i}" for i in range(5)]

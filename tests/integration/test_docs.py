@@ -129,9 +129,9 @@ def test_a_reader_that_stops_early_ends_the_listing_quietly(cluster: docs.DevPro
     """``shardq jobs list ... | head -1`` with more rows than a pipe holds: no traceback."""
     submit = (
         "import os\n"
-        "from shardq.client import Client, job_spec\n"
+        "from shardq import Client, JobRequest\n"
         "with Client(os.environ['SHARDQ_COORDINATOR'], os.environ['SHARDQ_TOKEN']) as c:\n"
-        "    c.submit_many([job_spec('echo', {'i': i}, delay_ms=3_600_000) for i in range(1000)])\n"
+        "    c.submit_many([JobRequest('echo', {'i': i}, delay=3600) for i in range(1000)])\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", submit],
@@ -182,4 +182,4 @@ def test_the_python_snippet_shardq_dev_prints_runs(cluster: docs.DevProcess) -> 
         check=False,
     )
     assert done.returncode == 0, f"{code}\n{done.stderr}"
-    assert done.stdout.startswith("JOB_STATE_SUCCEEDED {"), done.stdout
+    assert done.stdout.startswith("SUCCEEDED {"), done.stdout

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from shardq.client import AsyncClient, job_spec
-from shardq.v1 import admin_pb2, common_pb2
+from shardq.client import AsyncClient, TenantLimits, job_spec
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.procs import WorkerProcess, start_worker, wait_until_serving
 from tests.support.workers import result_rows, wait_for_rows
@@ -41,7 +40,7 @@ async def _submit(
             for k in range(lo, min(n, lo + 500))
         ]
         items = await client.submit_many(specs)
-        assert not [i for i in items if i.HasField("error")], items[0]
+        assert not [i for i in items if i.error is not None], items[0]
 
 
 async def _admin(cluster: Cluster) -> AsyncClient:
@@ -84,12 +83,7 @@ async def test_a_priority_9_flood_does_not_delay_another_tenants_priority_0_jobs
 
 async def test_weights_3_to_1_share_the_claims_3_to_1(cluster: Cluster) -> None:
     admin = await _admin(cluster)
-    await admin._call(
-        admin.admin.SetTenantLimits,
-        admin_pb2.SetTenantLimitsRequest(
-            tenant_id="heavy", limits=common_pb2.TenantLimits(weight=3)
-        ),
-    )
+    await admin.set_tenant_limits(TenantLimits(weight=3), "heavy")
     heavy, light = await cluster.client("heavy"), await cluster.client("light")
     await _submit(heavy, "heavy", 3_000)
     await _submit(light, "light", 3_000)
@@ -109,12 +103,7 @@ async def test_a_tenant_capped_at_4_active_never_runs_more_while_another_uses_th
     cluster: Cluster,
 ) -> None:
     admin = await _admin(cluster)
-    await admin._call(
-        admin.admin.SetTenantLimits,
-        admin_pb2.SetTenantLimitsRequest(
-            tenant_id="capped", limits=common_pb2.TenantLimits(max_active=4)
-        ),
-    )
+    await admin.set_tenant_limits(TenantLimits(max_active=4), "capped")
     capped, free = await cluster.client("capped"), await cluster.client("free")
     await _submit(capped, "capped", 60, ms=40)
     await _submit(free, "free", 600, ms=40)
@@ -139,7 +128,7 @@ async def test_nothing_of_a_paused_tenant_starts_and_after_resume_it_all_runs(
     cluster: Cluster,
 ) -> None:
     admin = await _admin(cluster)
-    await admin._call(admin.admin.Pause, admin_pb2.PauseRequest(tenant_id="paused"))
+    await admin.pause("paused")
     paused, other = await cluster.client("paused"), await cluster.client("other")
     await _submit(paused, "paused", 100)
     worker = await _run_worker(cluster, "fair-4", concurrency=8)
@@ -149,7 +138,7 @@ async def test_nothing_of_a_paused_tenant_starts_and_after_resume_it_all_runs(
         rows = await wait_for_rows(cluster.database_url, 200, timeout_s=120)
         assert {r["tenant_id"] for r in rows} == {"other"}
         assert (await paused.tenant_stats()).ready == 100
-        await admin._call(admin.admin.Resume, admin_pb2.ResumeRequest(tenant_id="paused"))
+        await admin.resume("paused")
         rows = await wait_for_rows(cluster.database_url, 300, timeout_s=120)
     finally:
         worker.stop()

@@ -11,14 +11,13 @@ import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shardq.client import AsyncClient, job_spec
-from shardq.v1 import common_pb2
+from shardq.client import AsyncClient, Job, JobOptions, JobRequest, JobState
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.procs import start_worker, wait_until_serving
 from tests.support.workers import shard_loops, wait_for_rows
@@ -37,16 +36,24 @@ class Asked:
     delay_ms: int | None = None
     run_at_ms: int | None = None
 
+    def options(self) -> JobOptions:
+        options: JobOptions = {}
+        if self.delay_ms is not None:
+            options["delay"] = timedelta(milliseconds=self.delay_ms)
+        if self.run_at_ms is not None:
+            options["run_at"] = datetime.fromtimestamp(self.run_at_ms / 1000, UTC)
+        return options
+
 
 def ms(ts: datetime | None) -> int:
     assert ts is not None
     return round(ts.timestamp() * 1000)
 
 
-def disorder(job: common_pb2.Job, asked: Asked) -> list[str]:
+def disorder(job: Job, asked: Asked) -> list[str]:
     """Every way ``job``'s times break the one-clock rules (none: an empty list)."""
-    created, run_at = job.created_at_unix_ms, job.run_at_unix_ms
-    started, finished = job.started_at_unix_ms, job.finished_at_unix_ms
+    created, run_at = ms(job.created_at), ms(job.run_at)
+    started, finished = ms(job.started_at), ms(job.finished_at)
     bad = []
     if not created <= started:
         bad.append(f"started {created - started} ms before created")
@@ -68,34 +75,26 @@ def disorder(job: common_pb2.Job, asked: Asked) -> list[str]:
 async def submit_unary(
     c: AsyncClient, handler: str, payload: dict[str, Any], asked: Asked
 ) -> tuple[str, Asked]:
-    options: dict[str, Any] = {}
-    if asked.delay_ms is not None:
-        options["delay_ms"] = asked.delay_ms
-    if asked.run_at_ms is not None:
-        options["run_at_ms"] = asked.run_at_ms
-    sub = await c.submit(handler, payload, **options)
+    sub = await c.submit(handler, payload, **asked.options())
     # The answer is built from enqueue.lua's reply: its times are the stored ones.
     assert disorder_of_answer(sub.job, asked) == []
     return sub.job_id, asked
 
 
-def disorder_of_answer(job: common_pb2.Job, asked: Asked) -> list[str]:
-    after = job.run_at_unix_ms - job.created_at_unix_ms
+def disorder_of_answer(job: Job, asked: Asked) -> list[str]:
+    after = ms(job.run_at) - ms(job.created_at)
     if asked.run_at_ms is not None:
-        return [] if job.run_at_unix_ms == asked.run_at_ms else [f"answered run-at {after}"]
+        return [] if ms(job.run_at) == asked.run_at_ms else [f"answered run-at {after}"]
     if after != (asked.delay_ms or 0):
         return [f"answered run-at created + {after}, asked {asked.delay_ms}"]
     return []
 
 
 async def submit_batch(c: AsyncClient, asks: Sequence[Asked]) -> list[tuple[str, Asked]]:
-    specs = [
-        job_spec("test.work", {"n": i}, delay_ms=a.delay_ms, run_at_ms=a.run_at_ms)
-        for i, a in enumerate(asks)
-    ]
+    specs = [JobRequest("test.work", {"n": i}, **a.options()) for i, a in enumerate(asks)]
     items = await c.submit_many(specs)
-    assert all(not item.HasField("error") for item in items)
-    return [(item.job_id, a) for item, a in zip(items, asks, strict=True)]
+    assert all(item.ok for item in items)
+    return [(str(item.job_id), a) for item, a in zip(items, asks, strict=True)]
 
 
 async def test_every_job_records_its_times_by_one_clock_in_order(
@@ -136,11 +135,11 @@ async def test_every_job_records_its_times_by_one_clock_in_order(
 
             # While the delayed ones wait: ListJobs shows the same times GetJob will.
             asked_of = dict(submitted)
-            page = await c.list_jobs(common_pb2.JOB_STATE_SCHEDULED, page_size=1000)
-            for job in page.jobs:
+            page = await c.list_jobs(JobState.SCHEDULED, page_size=1000)
+            for job in page:
                 a = asked_of[job.job_id]
                 if a.delay_ms is not None:
-                    assert job.run_at_unix_ms == job.created_at_unix_ms + a.delay_ms
+                    assert ms(job.run_at) == ms(job.created_at) + a.delay_ms
 
             rows = await wait_for_rows(cluster.database_url, len(submitted), timeout_s=180)
     finally:
@@ -148,7 +147,7 @@ async def test_every_job_records_its_times_by_one_clock_in_order(
         log.close()
 
     assert len(submitted) == 3_100
-    jobs: list[common_pb2.Job] = []
+    jobs: list[Job] = []
     for lo in range(0, len(submitted), 250):
         jobs += await asyncio.gather(*(c.get(jid) for jid, _ in submitted[lo : lo + 250]))
     bad = {
@@ -157,13 +156,13 @@ async def test_every_job_records_its_times_by_one_clock_in_order(
         if (problems := disorder(job, asked))
     }
     assert not bad, f"{len(bad)} jobs out of order, e.g. {list(bad.items())[:5]}"
-    assert all(j.state == common_pb2.JOB_STATE_SUCCEEDED for j in jobs)
+    assert all(j.state is JobState.SUCCEEDED for j in jobs)
     assert sum(j.attempts == 2 for j in jobs) == 200  # the retries did happen
 
     # The result row's times are the job's own (the worker's clock is not one of them).
     by_request = {str(r["request_id"]): r for r in rows}
     for job in jobs:
         row = by_request[job.request_id]
-        assert ms(row["queued_at"]) == job.run_at_unix_ms, job.job_id
-        assert ms(row["started_at"]) == job.started_at_unix_ms, job.job_id
-        assert ms(row["started_at"]) <= ms(row["finished_at"]) <= job.finished_at_unix_ms
+        assert ms(row["queued_at"]) == ms(job.run_at), job.job_id
+        assert ms(row["started_at"]) == ms(job.started_at), job.job_id
+        assert ms(row["started_at"]) <= ms(row["finished_at"]) <= ms(job.finished_at)

@@ -8,6 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from shardq.shard import ClaimedJob, Failure, FakeClock, ItemCode, Lease, ShardClient
+from shardq.shard.backoff import Backoff
 from shardq.shard.models import FailResult
 from tests.support.shard import LEASE, NOW, claimed, claimed_hash, dedupe, job
 from tests.support.state import dump, ttls
@@ -212,3 +213,110 @@ async def test_a_failure_of_no_jobs_sends_nothing(shard: ShardClient, redis: Red
     await redis.config_resetstat()
     assert await shard.fail([]) == []
     assert "cmdstat_evalsha" not in await redis.info("commandstats")
+
+
+# --- the backoff: fail.lua computes every wait ------------------------------------------------
+
+
+async def retry_wait(shard: ShardClient, redis: Redis, attempt: int, f: Failure) -> int:
+    """The wait fail.lua gives the claimed job J1 after its ``attempt``-th failure (one
+    attempt left: it is retried)."""
+    await redis.hset("sq:job:J1", mapping={"at": attempt, "ma": attempt + 1})
+    assert await shard.fail([f]) == [FailResult(ItemCode.OK, "scheduled")]
+    return int(await redis.zscore("sq:scheduled", "J1")) - FAILED
+
+
+@pytest.mark.parametrize(
+    ("attempt", "draw", "wait"),
+    [
+        (1, 0.0, 1_000),  # full jitter drawn at 0: the whole ceiling
+        (1, 0.5, 500),
+        (3, 0.0, 4_000),
+        (3, 0.75, 1_000),
+        (13, 0.0, 3_600_000),  # the cap
+        (1_000, 0.0, 3_600_000),  # a huge attempt: the exponent stops at 40, the cap holds
+        (2, 0.999999, 0),
+    ],
+)
+async def test_the_server_default_doubles_from_one_second_to_an_hour_with_full_jitter(
+    shard: ShardClient, redis: Redis, clock: FakeClock, attempt: int, draw: float, wait: int
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"))
+    clock.set(FAILED)
+    assert await retry_wait(shard, redis, attempt, failure(c, draw=draw)) == wait
+
+
+@pytest.mark.parametrize(("attempt", "wait"), [(1, 250), (2, 500), (4, 2_000), (9, 8_000)])
+async def test_the_handlers_policy_replaces_the_default(
+    shard: ShardClient, redis: Redis, clock: FakeClock, attempt: int, wait: int
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"))
+    clock.set(FAILED)
+    handler_policy = Backoff(base_ms=250, cap_ms=8_000, jitter=0.0)
+    f = failure(c, backoff=handler_policy, draw=0.9)  # no jitter: the draw does not matter
+    assert await retry_wait(shard, redis, attempt, f) == wait
+
+
+async def test_jitter_takes_at_most_its_fraction_off_the_wait(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1"))
+    clock.set(FAILED)
+    f = failure(c, backoff=Backoff(10_000, 60_000, 0.25), draw=0.5)
+    assert await retry_wait(shard, redis, 1, f) == 10_000 - 1_250
+
+
+async def test_the_jobs_own_policy_wins_field_by_field_and_is_kept_on_the_job(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    # The job sets base (5 s) and jitter (0.5); max comes from the handler's policy (8 s).
+    (c,) = await claimed(shard, redis, job("J1", retry=Backoff(5_000, 0, 0.5)))
+    clock.set(FAILED)
+    f = failure(c, backoff=Backoff(base_ms=250, cap_ms=8_000, jitter=0.0), draw=0.5)
+    # Attempt 1: min(8000, 5000) = 5000, minus 5000 * 0.5 * 0.5.
+    assert await shard.fail([f]) == [FailResult(ItemCode.OK, "scheduled")]
+    retry_at = FAILED + 3_750
+    assert await dump(redis) == {
+        "sq:job:J1": claimed_hash(
+            "J1", "scheduled", 1, ra=str(retry_at), e="boom", rb="5000 0 0.5"
+        ),
+        "sq:fence": "1",
+        "sq:scheduled": [("J1", retry_at)],
+        "sq:tscheduled:acme": [("J1", retry_at)],
+        "sq:promoter_wake": ["1"],
+        "sq:counts:acme": {
+            "ready": "0", "active": "0", "scheduled": "1", "submitted": "1", "failed": "1",
+            "bytes": "2",
+        },
+        "sq:tenants": {"acme"},
+        **dedupe("J1"),
+    }  # fmt: skip
+    rec = await shard.get_job("acme", "J1")
+    assert (rec.retry, rec.next_attempt_at_ms) == (Backoff(5_000, 0, 0.5), retry_at)
+
+
+async def test_the_jobs_cap_applies_over_the_default(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1", retry=Backoff(0, 3_000, 0.0)))
+    clock.set(FAILED)
+    # Default base 1 s doubling, the job's cap 3 s, the job's jitter unset: the default's (1).
+    assert await retry_wait(shard, redis, 5, failure(c, draw=0.0)) == 3_000
+
+
+async def test_a_retry_later_wait_overrides_every_policy(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1", retry=Backoff(60_000, 0, 0.0)))
+    clock.set(FAILED)
+    f = failure(c, retry_at_ms=FAILED + 123, backoff=Backoff(50_000, 90_000, 0.0), draw=0.0)
+    assert await retry_wait(shard, redis, 1, f) == 123
+
+
+async def test_a_permanent_failure_is_dead_whatever_the_policy(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    (c,) = await claimed(shard, redis, job("J1", retry=Backoff(5_000, 0, 0.0)))
+    clock.set(FAILED)
+    assert await shard.fail([failure(c, permanent=True)]) == [FailResult(ItemCode.OK, "dead")]
+    assert await redis.zscore("sq:dead:acme", "J1") == FAILED

@@ -1,6 +1,7 @@
 """What ``pip install .`` puts on a user's path: one top-level package, ``shardq``, holding
 everything the running cluster reads (Lua scripts, migrations, .proto files, typing markers),
-and the four console scripts pointing into it.
+and the four console scripts pointing into it; and what the bare ``pip install shardq`` (no
+extra) is: the client alone, which submits a job to a real cluster.
 
 The repository's files (git's tracked ones and the new ones it does not ignore, as they are in
 the working tree) are copied to a fresh folder first, so the editable install's build/ tree and
@@ -10,17 +11,27 @@ any stray file of the checkout play no part; the copy is installed into an empty
 from __future__ import annotations
 
 import ast
+import asyncio
 import configparser
+import json
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from tests.support.cluster import running_cluster
 from tests.support.layout import REPO, installed_path, package_dirs, pyproject
+from tests.support.workers import running_worker, shard_loops
 
-SCRIPTS = {"shardq", "shardq-coordinator", "shardq-shard", "shardq-worker"}
+#: The console scripts: the four programs, and any other pyproject.toml declares (each named
+#: shardq-*, so none can shadow another tool on a user's PATH).
+SCRIPTS = {"shardq", "shardq-coordinator", "shardq-shard", "shardq-worker"} | {
+    name for name in pyproject(REPO)["project"]["scripts"] if name.startswith("shardq-")
+}
 
 
 def _copy_of_the_repository(dest: Path) -> Path:
@@ -189,3 +200,138 @@ def test_the_installed_copy_imports_and_loads_its_files_outside_the_repository(
     )
     assert run.returncode == 0, run.stderr
     assert int(run.stdout) > 50
+
+
+# --- the bare install: `pip install shardq`, the client alone --------------------------------
+
+#: The distributions a bare install may hold: the client's dependencies (pyproject.toml's
+#: ``dependencies``) and theirs. Anything else is weight a service that submits jobs carries.
+BARE_DISTRIBUTIONS = {
+    "shardq", "grpcio", "grpcio-status", "googleapis-common-protos", "protobuf",
+    "typing-extensions",
+}  # fmt: skip
+#: What the extras bring, which a bare install must not.
+SERVER_MODULES = ("sqlalchemy", "redis", "pgserver", "rich", "alembic", "psycopg", "mmh3")
+
+
+def _run(
+    argv: Sequence[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def bare_venv(copy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the copy's wheel installed and no extra. Offline when the package
+    cache holds the pinned dependencies (as after .ci/setup), else from the index."""
+    uv = Path(sys.executable).with_name("uv")
+    assert uv.exists(), f"{uv} is missing: .ci/setup installs it"
+    work = tmp_path_factory.mktemp("bare")
+    # The wheel is built by this venv's setuptools (no build isolation): no index needed.
+    built = _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "--no-cache-dir", "-w", str(work / "wheels"), str(copy)]
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (work / "wheels").glob("shardq-*.whl")
+    venv = work / "venv"
+    made = _run([str(uv), "venv", "-q", "--python", sys.executable, str(venv)])
+    assert made.returncode == 0, made.stderr
+    install = [
+        str(uv),
+        "pip",
+        "install",
+        "-q",
+        "--python",
+        str(venv / "bin" / "python"),
+        str(wheel),
+    ]
+    done = _run([*install, "--offline"])
+    if done.returncode != 0:  # a cold cache: the index it is
+        done = _run(install)
+    assert done.returncode == 0, done.stderr
+    return venv
+
+
+def _bare_env(home: Path) -> dict[str, str]:
+    """No SHARDQ_* variable and an empty HOME: no stray shardq.env is read."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+
+
+_INSTALLED = """
+import importlib.metadata, importlib.util, json, sys
+dists = importlib.metadata.distributions()
+names = sorted({d.metadata["Name"].lower().replace("_", "-") for d in dists})
+found = [m for m in sys.argv[1:] if importlib.util.find_spec(m)]
+print(json.dumps({"dists": names, "found": found}))
+"""
+
+
+def test_the_bare_install_is_the_client_and_nothing_of_the_servers(
+    bare_venv: Path, tmp_path: Path
+) -> None:
+    run = _run(
+        [str(bare_venv / "bin" / "python"), "-c", _INSTALLED, *SERVER_MODULES],
+        cwd=tmp_path, env=_bare_env(tmp_path),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    installed = json.loads(run.stdout)
+    assert installed["found"] == [], f"a bare install holds {installed['found']}"
+    assert set(installed["dists"]) <= BARE_DISTRIBUTIONS | {"pip", "setuptools"}, installed
+
+
+def test_a_bare_install_says_which_extra_an_ops_command_needs(
+    bare_venv: Path, tmp_path: Path
+) -> None:
+    shardq = str(bare_venv / "bin" / "shardq")
+    for argv, extra in (
+        (["migrate"], "server"),
+        (["shards", "sync", "127.0.0.1:1"], "server"),
+        (["tokens", "list"], "server"),
+        (["dev"], "dev"),
+    ):
+        run = _run([shardq, *argv], cwd=tmp_path, env=_bare_env(tmp_path))
+        assert run.returncode == 1, (argv, run.stdout, run.stderr)
+        (line,) = run.stderr.splitlines()  # one line, no traceback
+        assert f"pip install 'shardq[{extra}]'" in line, (argv, line)
+        assert line.startswith(f"shardq: error: `shardq {' '.join(argv[:2])}` needs"), line
+    # The API commands' help still parses: their modules load without the extras.
+    assert _run([shardq, "submit", "--help"], env=_bare_env(tmp_path)).returncode == 0
+    assert _run([shardq, "shards", "map", "--help"], env=_bare_env(tmp_path)).returncode == 0
+
+
+_SUBMIT = """
+import sys
+from shardq import Client, JobState
+with Client(sys.argv[1], token=sys.argv[2]) as c:
+    sub = c.submit("echo", {"hello": "world"})
+    job = c.wait(sub.job_id, timeout=60)
+    assert job.state is JobState.SUCCEEDED, job
+    print(job.state.name, job.result)
+"""
+
+
+async def test_a_bare_install_submits_a_job_to_a_real_cluster(
+    bare_venv: Path, database_url: str, tmp_path: Path
+) -> None:
+    env = _bare_env(tmp_path)
+    async with running_cluster(database_url) as cluster, shard_loops(cluster):
+        token = await cluster.token_for("bare")
+        async with running_worker(cluster, ["echo"]):
+            python = str(bare_venv / "bin" / "python")
+            run = await asyncio.to_thread(
+                _run, [python, "-c", _SUBMIT, cluster.target, token], cwd=tmp_path, env=env
+            )
+            assert run.returncode == 0, run.stderr
+            assert run.stdout.strip() == "SUCCEEDED {'hello': 'world'}"
+            # And the console script's API commands, in the same bare install.
+            shardq = [str(bare_venv / "bin" / "shardq")]
+            conn = ["--coordinator", cluster.target, "--token", token, "--json"]
+            sub = await asyncio.to_thread(_run, [*shardq, "submit", "echo", "{}", *conn], env=env)
+            assert sub.returncode == 0, sub.stderr
+            job_id = json.loads(sub.stdout)["job"]["job_id"]
+            got = await asyncio.to_thread(_run, [*shardq, "get", job_id, *conn], env=env)
+            assert got.returncode == 0 and json.loads(got.stdout)["job_id"] == job_id, got.stderr
+    assert not os.environ.get("PYTHONPATH")  # the venv's shardq was its own, not the checkout's

@@ -4,12 +4,11 @@ Postgres through a proxy that the test cuts for several seconds (many token-cach
 from __future__ import annotations
 
 import asyncio
-import json
 
 import grpc
 import pytest
 
-from shardq.client import AsyncClient, RetryPolicy
+from shardq.client import AsyncClient, Job, JobState, RetryPolicy
 from shardq.coordinator.tokens import TokenStore
 from shardq.store import db
 from shardq.v1 import common_pb2, workers_pb2, workers_pb2_grpc
@@ -46,8 +45,8 @@ async def assignment_for_probe(cluster: Cluster, token: str) -> workers_pb2.Assi
 
 
 async def active_request_ids(client: AsyncClient) -> set[str]:
-    page = await client.list_jobs(common_pb2.JOB_STATE_ACTIVE, page_size=1000)
-    return {j.request_id for j in page.jobs}
+    page = await client.list_jobs(JobState.ACTIVE, page_size=1000)
+    return {j.request_id for j in page.items}
 
 
 async def revoke_elsewhere(database_url: str, token: str) -> None:
@@ -59,18 +58,18 @@ async def revoke_elsewhere(database_url: str, token: str) -> None:
         await engine.dispose()
 
 
-async def submit_for(acme: AsyncClient, seconds: float) -> list[common_pb2.Job]:
+async def submit_for(acme: AsyncClient, seconds: float) -> list[Job]:
     """Submit and read back one job after another for ``seconds``: every call must succeed."""
     loop = asyncio.get_running_loop()
     ends = loop.time() + seconds
-    jobs = []
+    jobs: list[Job] = []
     while loop.time() < ends:
         n = len(jobs)
         sub = await acme.submit("test.work", {"n": n}, request_id=f"during-{n}")
         assert not sub.deduplicated
         got = await acme.get(sub.job_id)
         assert got.request_id == f"during-{n}"
-        assert got.state != common_pb2.JOB_STATE_SUCCEEDED  # no row can be written: no ack
+        assert got.state != JobState.SUCCEEDED  # no row can be written: no ack
         jobs.append(got)
         await asyncio.sleep(0.02)
     return jobs
@@ -106,8 +105,8 @@ async def test_submits_and_reads_go_on_while_postgres_is_cut_off_and_nothing_is_
         globex = await cluster.client("globex")
         # Before the cut: each token is checked once, a job runs to its end, one waits.
         done = await acme.submit("test.work", {"n": -1}, request_id="before")
-        assert (await acme.wait(done.job_id)).state == common_pb2.JOB_STATE_SUCCEEDED
-        later = await acme.submit("test.work", {}, request_id="later", delay_ms=3_600_000)
+        assert (await acme.wait(done.job_id)).state == JobState.SUCCEEDED
+        later = await acme.submit("test.work", {}, request_id="later", delay=3600)
         await globex.submit("test.work", {"n": -2}, request_id="globex-before")
         _, unseen = await coord.tokens.create("tenant", "initech")  # valid, never presented
         stale_before = coord.tokens.stale_answers
@@ -118,13 +117,13 @@ async def test_submits_and_reads_go_on_while_postgres_is_cut_off_and_nothing_is_
         assert coord.tokens.stale_answers > stale_before, "the cache was never past its TTL"
 
         # Reads of jobs that need nothing from Postgres, a batch, the worker's side.
-        assert (await acme.get(later.job_id)).state == common_pb2.JOB_STATE_SCHEDULED
-        scheduled = await acme.list_jobs(common_pb2.JOB_STATE_SCHEDULED)
-        assert [j.job_id for j in scheduled.jobs] == [later.job_id]
+        assert (await acme.get(later.job_id)).state == JobState.SCHEDULED
+        scheduled = await acme.list_jobs(JobState.SCHEDULED)
+        assert [j.job_id for j in scheduled.items] == [later.job_id]
         items = await acme.submit_many(
             [common_pb2.JobSpec(request_id="batch-during", handler="test.work", payload=b"{}")]
         )
-        assert items[0].job_id and not items[0].HasField("error")
+        assert items[0].job_id and items[0].error is None
         async with asyncio.timeout(30):  # the worker claims on, and holds what it claimed
             while not {r for r in await active_request_ids(acme) if r.startswith("during-")}:
                 await asyncio.sleep(0.05)
@@ -154,9 +153,9 @@ async def test_submits_and_reads_go_on_while_postgres_is_cut_off_and_nothing_is_
         rows = await wait_for_rows(database_url, len(accepted), timeout_s=90)
         assert sorted(str(r["request_id"]) for r in rows) == sorted(accepted)
         assert {r["status"] for r in rows} == {"succeeded"}
-        assert json.loads((await acme.get(done.job_id)).result)["n"] == -1
+        assert (await acme.get(done.job_id)).result["n"] == -1
         last = during[-1]
         async with asyncio.timeout(30):
-            while (job := await acme.get(last.job_id)).state != common_pb2.JOB_STATE_SUCCEEDED:
+            while (job := await acme.get(last.job_id)).state != JobState.SUCCEEDED:
                 await asyncio.sleep(0.05)  # the ack follows the row
-        assert json.loads(job.result)["n"] == len(during) - 1
+        assert job.result["n"] == len(during) - 1

@@ -14,13 +14,14 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from shardq.client import job_spec
+from shardq.client import JobState, job_spec
+from shardq.client import TenantLimits as Limits
 from shardq.coordinator import cli
 from shardq.coordinator.server import build_server, parse_args, settings_from
 from shardq.shard.client import ShardClient
 from shardq.shard.models import Lease, TenantLimits
 from shardq.store import db
-from shardq.v1 import common_pb2, workers_pb2, workers_pb2_grpc
+from shardq.v1 import workers_pb2, workers_pb2_grpc
 from tests.support.cluster import Cluster, running_cluster
 
 C = grpc.StatusCode
@@ -93,9 +94,9 @@ async def test_a_job_keeps_the_queue_it_was_submitted_to(cluster: Cluster) -> No
     assert (await c.get(emails.job_id)).queue == "emails"
     assert (await c.get(plain.job_id)).queue == "default"
     items = await c.submit_many([job_spec("h", {}, queue="reports"), job_spec("h", {})])
-    assert [(await c.get(i.job_id)).queue for i in items] == ["reports", "default"]
-    listed = await c.list_jobs(common_pb2.JOB_STATE_READY, page_size=10)
-    assert {j.job_id: j.queue for j in listed.jobs}[emails.job_id] == "emails"
+    assert [(await c.get(str(i.job_id))).queue for i in items] == ["reports", "default"]
+    listed = await c.list_jobs(JobState.READY, page_size=10)
+    assert {j.job_id: j.queue for j in listed.items}[emails.job_id] == "emails"
     assert (job_spec("h", queue="x").queue, job_spec("h").queue) == ("x", "")
 
 
@@ -117,15 +118,16 @@ async def test_a_bad_queue_name_is_invalid_argument_naming_job_queue(cluster: Cl
     at_the_limit = await c.submit("h", {}, queue="q" * 64)
     assert at_the_limit.job.queue == "q" * 64
     items = await c.submit_many([job_spec("h", {}, queue="a b"), job_spec("h", {}, queue="ok")])
-    assert (items[0].error.code, items[0].error.field) == (3, "job.queue")
+    assert items[0].error and items[0].error.code == C.INVALID_ARGUMENT
+    assert items[0].error.field == "job.queue"
     assert items[1].job_id
 
 
 async def test_a_schedule_makes_jobs_in_the_default_queue_only(cluster: Cluster) -> None:
     c = await cluster.client("acme")
-    made = await c.create_schedule("daily", "0 6 * * *", job_spec("h", {}, queue="default"))
+    made = await c.schedule("daily", "0 6 * * *", "h", {}, queue="default")
     assert made.schedule_id == "daily"
-    error = await failure(c.create_schedule("other", "0 6 * * *", job_spec("h", {}, queue="x")))
+    error = await failure(c.schedule("other", "0 6 * * *", "h", {}, queue="x"))
     assert error.code() == C.INVALID_ARGUMENT
     assert fields_of(error) == ["schedule.job_template.queue"]
 
@@ -137,14 +139,15 @@ async def test_set_tenant_limits_stores_them_pushes_them_and_answers_them_with_d
     cluster: Cluster,
 ) -> None:
     admin = await cluster.client(None)
-    wanted = common_pb2.TenantLimits(max_active=4, submit_rate_per_s=2.5, max_pending_bytes=10_000)
+    wanted = Limits(max_active=4, submit_rate_per_s=2.5, max_pending_bytes=10_000)
     answered = await admin.set_tenant_limits(wanted, "acme")
-    assert answered == common_pb2.TenantLimits(
+    assert answered == Limits(
         weight=1,  # the shard's own default
         max_active=4,
         submit_rate_per_s=2.5,
         max_pending=1_000_000,  # the coordinator's default
         max_pending_bytes=10_000,
+        dedupe_window_s=86_400,  # the server's dedupe window
     )
     assert await admin.tenant_limits("acme") == answered
     assert stored_row(cluster, "acme") == {
@@ -159,8 +162,8 @@ async def test_set_tenant_limits_stores_them_pushes_them_and_answers_them_with_d
 
 async def test_a_tenant_never_given_limits_reads_the_defaults(cluster: Cluster) -> None:
     admin = await cluster.client(None)
-    assert await admin.tenant_limits("nobody") == common_pb2.TenantLimits(
-        weight=1, max_pending=1_000_000
+    assert await admin.tenant_limits("nobody") == Limits(
+        weight=1, max_pending=1_000_000, dedupe_window_s=86_400
     )
     assert stored_row(cluster, "nobody") is None
 
@@ -170,10 +173,10 @@ async def test_a_submit_over_max_pending_is_refused_and_another_tenant_of_the_sh
 ) -> None:
     capped, neighbour = tenants_on(cluster, 0, 2)
     admin = await cluster.client(None)
-    await admin.set_tenant_limits(common_pb2.TenantLimits(max_pending=2), capped)
+    await admin.set_tenant_limits(Limits(max_pending=2), capped)
     c = await cluster.client(capped)
     await c.submit("h", {"n": 1})
-    await c.submit("h", {"n": 2}, delay_ms=60_000)
+    await c.submit("h", {"n": 2}, delay=60)
     error = await failure(c.submit("h", {"n": 3}))
     assert error.code() == C.RESOURCE_EXHAUSTED
     status = rpc_status.from_call(error)  # type: ignore[arg-type]
@@ -190,7 +193,7 @@ async def test_a_submit_over_max_pending_is_refused_and_another_tenant_of_the_sh
 async def test_max_pending_bytes_counts_payload_bytes(cluster: Cluster) -> None:
     admin = await cluster.client(None)
     payload = b'"' + b"x" * 98 + b'"'  # 100 bytes
-    await admin.set_tenant_limits(common_pb2.TenantLimits(max_pending_bytes=250), "bytes")
+    await admin.set_tenant_limits(Limits(max_pending_bytes=250), "bytes")
     c = await cluster.client("bytes")
     await c.submit("h", payload)
     await c.submit("h", payload)
@@ -204,9 +207,9 @@ async def test_a_zero_field_goes_back_to_the_default(database_url: str) -> None:
         database_url, default_limits=TenantLimits(max_pending=3, submit_burst=7)
     ) as cluster:
         admin = await cluster.client(None)
-        set_ = await admin.set_tenant_limits(common_pb2.TenantLimits(max_pending=10), "acme")
+        set_ = await admin.set_tenant_limits(Limits(max_pending=10), "acme")
         assert (set_.max_pending, set_.submit_burst) == (10, 7)
-        back = await admin.set_tenant_limits(common_pb2.TenantLimits(), "acme")
+        back = await admin.set_tenant_limits(Limits(), "acme")
         assert (back.max_pending, back.submit_burst, back.weight) == (3, 7, 1)
         assert await shard_of(cluster, "acme").limits("acme") == TenantLimits()
         c = await cluster.client("acme")
@@ -238,7 +241,7 @@ async def test_a_stored_limit_wins_over_the_environments_default(database_url: s
         for i in range(3):
             await c.submit("h", {"n": i})
         assert (await failure(c.submit("h", {"n": 3}))).code() == C.RESOURCE_EXHAUSTED
-        await admin.set_tenant_limits(common_pb2.TenantLimits(max_pending=4), "acme")
+        await admin.set_tenant_limits(Limits(max_pending=4), "acme")
         await c.submit("h", {"n": 3})
         assert (await failure(c.submit("h", {"n": 4}))).code() == C.RESOURCE_EXHAUSTED
 
@@ -272,22 +275,26 @@ async def test_limits_out_of_range_are_invalid_argument_naming_the_field(
         ("submit_rate_per_s", 1e9),
         ("max_pending", 2**53 + 1),
         ("max_pending_bytes", 2**64 - 1),
+        ("dedupe_window_s", 29),
+        ("dedupe_window_s", 7 * 86_400 + 1),
+        ("result_retention_s", 100 * 365 * 86_400 + 1),
     ):
-        limits = common_pb2.TenantLimits(**{field: bad})
+        limits = Limits(**{field: bad})  # type: ignore[arg-type]  # each field in turn
         error = await failure(admin.set_tenant_limits(limits, "acme"))
         assert error.code() == C.INVALID_ARGUMENT, (field, bad)
         assert fields_of(error) == [f"limits.{field}"], (field, bad)
     assert stored_row(cluster, "acme") is None
-    at_the_limits = common_pb2.TenantLimits(
+    at_the_limits = Limits(
         weight=1000, max_active=2**32 - 1, submit_rate_per_s=999_999_999.5, submit_burst=2**32 - 1,
-        max_pending=2**53, max_pending_bytes=2**53,
+        max_pending=2**53, max_pending_bytes=2**53, result_retention_s=100 * 365 * 86_400,
+        dedupe_window_s=7 * 86_400,
     )  # fmt: skip
     assert await admin.set_tenant_limits(at_the_limits, "acme") == at_the_limits
-    error = await failure(admin.set_tenant_limits(common_pb2.TenantLimits(), "a b"))
+    error = await failure(admin.set_tenant_limits(Limits(), "a b"))
     assert (error.code(), fields_of(error)) == (C.INVALID_ARGUMENT, ["tenant_id"])
     tenant = await cluster.client("acme")
     for call in (
-        tenant.set_tenant_limits(common_pb2.TenantLimits(weight=5), "acme"),
+        tenant.set_tenant_limits(Limits(weight=5), "acme"),
         tenant.tenant_limits("acme"),
         tenant.pause("acme"),
         tenant.resume("acme"),
@@ -297,7 +304,7 @@ async def test_limits_out_of_range_are_invalid_argument_naming_the_field(
 
 async def test_limits_survive_a_coordinator_restart(cluster: Cluster) -> None:
     admin = await cluster.client(None)
-    limits = common_pb2.TenantLimits(weight=3, max_pending=1)
+    limits = Limits(weight=3, max_pending=1)
     answered = await admin.set_tenant_limits(limits, "acme")
     c = await cluster.client("acme")
     await c.submit("h", {"n": 1})
@@ -328,7 +335,7 @@ async def test_limits_and_pauses_set_while_a_tenant_moves_reach_both_shards(
     smap = await cluster.coordinator.follower.refresh()
     assert smap.moves[tenant].from_shard_id == 0
     admin = await cluster.client(None)
-    await admin.set_tenant_limits(common_pb2.TenantLimits(max_active=2, weight=5), tenant)
+    await admin.set_tenant_limits(Limits(max_active=2, weight=5), tenant)
     await admin.pause(tenant)
     source, target = (cluster.coordinator.pool.get(i)[0] for i in (0, 1))
     for shard in (source, target):
@@ -399,7 +406,7 @@ async def test_one_tenants_queue_pauses_alone(cluster: Cluster) -> None:
     assert await claim_all(shard, ("emails",)) == [other]
     assert sorted(await claim_all(shard)) == sorted([one, other])
     listed = await admin.list_tenant_stats(shard_id=1)
-    by_tenant = {t.tenant_id: t for t in listed.tenants}
+    by_tenant = {t.tenant_id: t for t in listed.items}
     assert list(by_tenant[one].paused_queues) == ["emails"]
     assert list(by_tenant[other].paused_queues) == []
     await admin.resume(one, "emails")
@@ -425,10 +432,10 @@ async def test_stats_show_limits_pauses_pending_bytes_and_unrunnable_jobs(
 ) -> None:
     (tenant,) = tenants_on(cluster, 0, 1, prefix="s")
     admin = await cluster.client(None)
-    await admin.set_tenant_limits(common_pb2.TenantLimits(weight=2), tenant)
+    await admin.set_tenant_limits(Limits(weight=2), tenant)
     c = await cluster.client(tenant)
     await c.submit("h", b"[1,2,3]")
-    await c.submit("h", b"{}", delay_ms=60_000)
+    await c.submit("h", b"{}", delay=60)
     shard = cluster.coordinator.pool.get(0)[0]
     (claimed,) = await shard.claim("w-without-h", 10, 60_000)
     await shard.release([Lease(claimed.job_id, claimed.fence)], avoid_ms=60_000)
@@ -436,11 +443,11 @@ async def test_stats_show_limits_pauses_pending_bytes_and_unrunnable_jobs(
     await admin.pause(queue="reports")
     try:
         stats = await c.tenant_stats()
-        assert stats.limits == common_pb2.TenantLimits(weight=2, max_pending=1_000_000)
+        assert stats.limits == Limits(weight=2, max_pending=1_000_000, dedupe_window_s=86_400)
         assert (stats.pending_bytes, stats.unrunnable_total) == (9, 1)
         assert (stats.paused, list(stats.paused_queues)) == (False, ["emails", "reports"])
         listed = await admin.list_tenant_stats(shard_id=0)
-        (row,) = [t for t in listed.tenants if t.tenant_id == tenant]
+        (row,) = [t for t in listed.items if t.tenant_id == tenant]
         assert row == stats
     finally:
         await admin.resume(queue="reports")
@@ -496,9 +503,11 @@ async def test_with_reject_unknown_handlers_a_submit_needs_a_live_worker_with_th
                 ]
             )
             assert items[0].job_id
-            assert (items[1].error.code, items[1].error.field) == (9, "job.handler")
-            assert "report.build" in items[1].error.message
-            assert (items[2].error.code, items[2].error.field) == (3, "job.handler")
+            errors = [i.error for i in items]
+            assert errors[1] and errors[2]
+            assert (errors[1].code, errors[1].field) == (C.FAILED_PRECONDITION, "job.handler")
+            assert "report.build" in errors[1].message
+            assert (errors[2].code, errors[2].field) == (C.INVALID_ARGUMENT, "job.handler")
         finally:
             stream.cancel()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator, Sequence
 
@@ -11,12 +10,11 @@ import sqlalchemy as sa
 from prometheus_client import generate_latest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from shardq.client import job_spec
+from shardq.client import JobState, job_spec
 from shardq.shard.client import ShardClient
 from shardq.shard.codes import ItemCode
 from shardq.shard.models import Lease
 from shardq.store.db import make_engine
-from shardq.v1 import common_pb2
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.handlers import EXECUTIONS
 from tests.support.workers import running_worker, shard_loops, wait_for_rows
@@ -46,12 +44,12 @@ async def test_jobs_of_several_tenants_end_with_exactly_one_result_row_each(
                     {"n": n, "ms": 20},
                     request_id=f"{t}-{n}",
                     priority=n % 10,
-                    delay_ms=(n % 3) * 150,
+                    delay=(n % 3) * 0.15,
                 )
                 for n in range(30)
             ]
             items = await c.submit_many(specs)
-            assert all(not i.HasField("error") for i in items)
+            assert all(i.error is None for i in items)
             expected.update({(t, f"{t}-{n}"): n for n in range(30)})
         rows = await wait_for_rows(cluster.database_url, len(expected))
     assert {(r["tenant_id"], r["request_id"]) for r in rows} == set(expected)
@@ -64,9 +62,9 @@ async def test_jobs_of_several_tenants_end_with_exactly_one_result_row_each(
     async with running_worker(cluster):
         echo = await c.submit("echo", {"x": 1})
         final = await c.wait(echo.job_id)
-    assert final.state == common_pb2.JOB_STATE_SUCCEEDED
-    assert json.loads(final.result) == {"x": 1}
-    assert json.loads((await c.get(echo.job_id)).result) == {"x": 1}
+    assert final.state == JobState.SUCCEEDED
+    assert final.result == {"x": 1}
+    assert (await c.get(echo.job_id)).result == {"x": 1}
 
 
 async def test_retries_follow_the_backoff_then_dead_then_requeue_runs_it_again(
@@ -80,16 +78,16 @@ async def test_retries_follow_the_backoff_then_dead_then_requeue_runs_it_again(
         assert (await c.wait(later.job_id)).attempts == 2
         for sub in (dead, perm):
             final = await c.wait(sub.job_id)
-            assert final.state == common_pb2.JOB_STATE_DEAD
+            assert final.state == JobState.DEAD
         assert (await c.get(perm.job_id)).attempts == 1
-        listed = {j.job_id for j in (await c.list_dead()).jobs}
+        listed = {j.job_id for j in (await c.list_dead()).items}
         assert listed == {dead.job_id, perm.job_id}
         rows = {r["request_id"]: r for r in await wait_for_rows(cluster.database_url, 3)}
         assert rows[dead.job.request_id]["status"] == "dead"
         assert "nope" in rows[dead.job.request_id]["error"]
         await c.requeue_dead([dead.job_id])
         again = await c.wait(dead.job_id)
-        assert again.state == common_pb2.JOB_STATE_DEAD and again.attempts == 2
+        assert again.state == JobState.DEAD and again.attempts == 2
 
 
 async def test_a_handler_side_effect_is_exactly_once_and_rolls_back_on_failure(
@@ -101,8 +99,8 @@ async def test_a_handler_side_effect_is_exactly_once_and_rolls_back_on_failure(
         bad = await c.submit(
             "ledger.add", {"account": "b", "amount": 7, "then_fail": True}, max_attempts=1
         )
-        assert (await c.wait(ok.job_id)).state == common_pb2.JOB_STATE_SUCCEEDED
-        assert (await c.wait(bad.job_id)).state == common_pb2.JOB_STATE_DEAD
+        assert (await c.wait(ok.job_id)).state == JobState.SUCCEEDED
+        assert (await c.wait(bad.job_id)).state == JobState.DEAD
         again = await c.submit("ledger.add", {"account": "a", "amount": 5}, request_id="pay-1")
         assert again.deduplicated
     engine = make_engine(cluster.database_url)
@@ -122,8 +120,8 @@ async def test_sync_and_cpu_bound_handlers_run_off_the_loop_and_metrics_count_th
         cpu = await c.submit("test.cpu", {"n": 1_000})
         sync_final, cpu_final = await c.wait(sync.job_id), await c.wait(cpu.job_id)
         text = generate_latest(worker.metrics.registry).decode()
-    assert json.loads(sync_final.result) == {"n": 1, "thread": True}
-    cpu_result = json.loads(cpu_final.result)
+    assert sync_final.result == {"n": 1, "thread": True}
+    cpu_result = cpu_final.result
     assert cpu_result["sum"] == sum(range(1_000)) and cpu_result["pid"] != os.getpid()
     assert (
         'shardq_worker_jobs_total{handler="test.cpu",outcome="succeeded",tenant="acme"} 1.0' in text
@@ -152,7 +150,7 @@ async def test_a_redelivered_job_whose_row_exists_is_acked_without_running_again
         sub = await c.submit("ledger.add", {"account": "z", "amount": 3}, request_id="once")
         final = await c.wait(sub.job_id)
     assert [lease.job_id for batch in lost for lease in batch] == [sub.job_id]
-    assert final.state == common_pb2.JOB_STATE_SUCCEEDED and final.attempts == 2
+    assert final.state == JobState.SUCCEEDED and final.attempts == 2
     engine = make_engine(cluster.database_url)
     async with engine.connect() as conn:
         ledger = (

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shardq.client import job_spec
-from shardq.v1 import common_pb2
+from shardq.client import JobState, job_spec
 from shardq.worker import Worker
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.procs import WorkerProcess, start_worker, wait_until_serving
@@ -107,7 +106,7 @@ async def test_two_worker_groups_with_disjoint_handlers_and_queues_each_run_only
                 for handler, (_, queue) in kinds.items()
             ]
             items = await c.submit_many(specs)
-            assert not [i for i in items if i.HasField("error")]
+            assert not [i for i in items if i.error is not None]
             expected.update({(t, s.request_id): s.handler for s in specs})
         rows = await wait_for_rows(cluster.database_url, len(expected))
         assert Counter((r["tenant_id"], r["request_id"]) for r in rows) == Counter(set(expected))
@@ -117,7 +116,7 @@ async def test_two_worker_groups_with_disjoint_handlers_and_queues_each_run_only
             group = kinds[expected[(r["tenant_id"], r["request_id"])]][0]
             assert r["worker_id"] in names[group], f"{r['request_id']} ran on {r['worker_id']}"
         for t in TENANTS:
-            assert not (await (await cluster.client(t)).list_dead()).jobs
+            assert not (await (await cluster.client(t)).list_dead()).items
         # Nothing was even claimed by the other group: no worker handed a job back.
         for w in everyone:
             assert total(await asyncio.to_thread(scrape, w), "shardq_worker_unrunnable_total") == 0
@@ -144,10 +143,10 @@ async def test_a_worker_without_the_handler_hands_the_job_back_and_a_worker_with
 
             await until(all_handed_back, "the worker without echo hands back all 10 jobs")
             for s in subs:  # back to ready: neither run nor dead-lettered
-                assert (await c.get(s.job_id)).state == common_pb2.JOB_STATE_READY
+                assert (await c.get(s.job_id)).state == JobState.READY
             async with worker_with(cluster, ["echo"], worker_id="has-echo"):
                 finals = [await c.wait(s.job_id) for s in subs]
-    assert [(f.state, f.attempts) for f in finals] == [(common_pb2.JOB_STATE_SUCCEEDED, 1)] * 10
+    assert [(f.state, f.attempts) for f in finals] == [(JobState.SUCCEEDED, 1)] * 10
     rows = await wait_for_rows(cluster.database_url, 10)
     assert {(r["worker_id"], r["status"], r["attempts"]) for r in rows} == {
         ("has-echo", "succeeded", 1)
@@ -172,7 +171,7 @@ async def test_random_handler_names_do_not_grow_a_workers_metric_series(
             """Submit jobs of ``handlers``; the scrape once every one of them settled."""
             nonlocal sent
             items = await c.submit_many([job_spec(h, {}) for h in handlers])
-            assert not [i for i in items if i.HasField("error")]
+            assert not [i for i in items if i.error is not None]
             sent += len(handlers)
             text = ""
 

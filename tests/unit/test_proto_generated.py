@@ -44,6 +44,7 @@ EXPECTED_SERVICES = {
         "GetTenantLimits",
         "Pause",
         "Resume",
+        "ListShardStatus",
     },
     "WorkerService": {"WatchAssignment"},
 }

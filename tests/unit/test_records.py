@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from shardq.shard.backoff import Backoff
 from shardq.shard.codes import ItemCode
 from shardq.shard.keys import JOB_FIELDS
 from shardq.shard.records import (
@@ -24,6 +25,7 @@ from shardq.shard.records import (
     EnqueueResult,
     FailResult,
     JobField,
+    JobProgress,
     JobRecord,
     JobState,
     PreparedJob,
@@ -44,6 +46,8 @@ PREPARED = PreparedJob(
     digest="0123456789abcdef",
     queue="mail",
     limit_defaults=limit_defaults(1_000, 4_096, 2.5, 10),
+    retry="500 60000 0.5",
+    trace_context="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
 )
 
 #: One value per field of the job hash, as HGETALL returns them; distinct where types allow.
@@ -68,6 +72,8 @@ FULL_HASH: dict[bytes, bytes] = {
     b"q": b"mail",
     b"xw": b"worker-2",
     b"xu": b"1004",
+    b"rb": b"500 0 0.25",
+    b"pg": b"1005 0.4 resized 4/10",
 }
 
 #: Header lines of an ARGV or reply entry list: "--   j=3   request_id   (string)   -> 'r'".
@@ -146,19 +152,21 @@ def test_a_full_hash_reads_into_every_attribute() -> None:
         priority=7, state=JobState.ACTIVE, run_at_ms=1001, created_at_ms=1000, attempts=2,
         max_attempts=5, timeout_ms=9000, fence=42, worker_id="worker-1", started_at_ms=1002,
         finished_at_ms=1003, last_error="boom", cancel_requested=True, queue="mail",
-        avoid_worker_id="worker-2", avoid_until_ms=1004,
+        avoid_worker_id="worker-2", avoid_until_ms=1004, retry=Backoff(500, 0, 0.25),
+        progress=JobProgress(0.4, "resized 4/10", 1005),
     )  # fmt: skip
     assert rec.state is JobState.ACTIVE
 
 
 def test_fields_missing_from_the_hash_read_as_zero_empty_or_false() -> None:
     # A job just enqueued: no worker, start, finish, error, cancel or hand-back yet.
-    later = (b"w", b"sa", b"fa", b"e", b"cx", b"xw", b"xu")
+    later = (b"w", b"sa", b"fa", b"e", b"cx", b"xw", b"xu", b"rb", b"pg")
     fresh = {k: v for k, v in FULL_HASH.items() if k not in later}
     rec = JobRecord.from_hash("J1", fresh | {b"s": b"ready", b"at": b"0", b"f": b"0"})
     assert (rec.worker_id, rec.started_at_ms, rec.finished_at_ms) == ("", 0, 0)
     assert (rec.last_error, rec.cancel_requested, rec.state) == ("", False, JobState.READY)
     assert (rec.queue, rec.avoid_worker_id, rec.avoid_until_ms) == ("mail", "", 0)
+    assert (rec.retry, rec.progress, rec.next_attempt_at_ms) == (None, None, 0)
     bare = JobRecord.from_hash("J2", {b"t": b"acme", b"pr": b""})
     assert bare == JobRecord(
         job_id="J2", tenant="acme", request_id="", handler="", payload=b"", priority=0,
@@ -177,7 +185,7 @@ def test_cancel_requested_is_only_the_flag_one() -> None:
 
 def test_to_argv_writes_every_field_in_the_declared_order() -> None:
     argv = PREPARED.to_argv()
-    assert len(argv) == ENQUEUE_STRIDE == 13
+    assert len(argv) == ENQUEUE_STRIDE == 15
     by_name = dict(zip(ENQUEUE_ARGV, argv, strict=True))
     assert by_name["limit_defaults"] == "1000 4096 2.5 10"  # as enqueue.lua splits it
     assert PreparedJob(**by_name) == PREPARED
@@ -223,12 +231,14 @@ def test_a_record_of_a_new_job_is_what_enqueue_lua_writes() -> None:
     written = {
         b"t": b"acme", b"r": b"req-1", b"h": b"email.send", b"p": PREPARED.payload,
         b"pr": b"7", b"s": b"scheduled", b"ra": b"1700000000123", b"ca": b"1000", b"at": b"0",
-        b"ma": b"3", b"to": b"9000", b"f": b"0", b"q": b"mail",
+        b"ma": b"3", b"to": b"9000", b"f": b"0", b"q": b"mail", b"rb": b"500 60000 0.5",
+        b"tc": PREPARED.trace_context.encode(),
     }  # fmt: skip
     assert JobRecord.of_new(PREPARED, result) == JobRecord.from_hash("J1", written)
-    # A job of the default queue has no 'q' field.
-    default = dataclasses.replace(PREPARED, queue="default")
-    without_q = {k: v for k, v in written.items() if k != b"q"}
+    # A job of the default queue has no 'q' field; one without a retry policy no 'rb', one
+    # submitted untraced no 'tc'.
+    default = dataclasses.replace(PREPARED, queue="default", retry="", trace_context="")
+    without_q = {k: v for k, v in written.items() if k not in (b"q", b"rb", b"tc")}
     assert JobRecord.of_new(default, result) == JobRecord.from_hash("J1", without_q)
 
 
@@ -248,6 +258,7 @@ def claim_reply(*jobs: ClaimedJob) -> list[Any]:
             j.handler.encode(), j.payload, str(j.priority).encode(), str(j.run_at_ms).encode(),
             str(j.created_at_ms).encode(), j.attempt, str(j.max_attempts).encode(),
             str(j.timeout_ms).encode(), j.queue.encode(), j.started_at_ms,
+            j.trace_context.encode(),
         ]  # fmt: skip
     return flat
 
@@ -257,7 +268,7 @@ def claimed(n: int) -> ClaimedJob:
         job_id=f"J{n}", fence=10 + n, tenant=f"t{n}", request_id=f"req-{n}", handler=f"h{n}",
         payload=b'{"n": %d}' % n, priority=n, run_at_ms=1_000 + n, created_at_ms=900 + n,
         attempt=1 + n, max_attempts=5 + n, timeout_ms=9_000 + n, queue=f"q{n}",
-        started_at_ms=1_100 + n,
+        started_at_ms=1_100 + n, trace_context=f"00-{n:032x}-{n:016x}-01" if n % 2 else "",
     )  # fmt: skip
 
 
@@ -270,7 +281,7 @@ def test_a_claim_reply_of_several_jobs_reads_into_one_record_each() -> None:
 
 
 def test_a_claim_reply_cut_short_is_refused() -> None:
-    with pytest.raises(ValueError, match="14 per job"):
+    with pytest.raises(ValueError, match="15 per job"):
         ClaimedJob.from_reply([b"J1", 1])
 
 
@@ -281,9 +292,43 @@ def test_claim_lua_answers_the_fields_in_the_order_from_reply_reads_them() -> No
     for _, name, field in entries:
         expected = hash_field(name)
         assert field == (expected.value if expected else None), name
-    assert "out[n + 13], out[n + 14] =" in lua("claim") and "out[n + 15]" not in lua("claim")
+    assert "out[n + 13], out[n + 14], out[n + 15] =" in lua("claim")
+    assert "out[n + 16]" not in lua("claim")
 
 
 def test_a_fail_reply_reads_its_state() -> None:
     assert FailResult.from_reply([0, b"dead"]) == FailResult(ItemCode.OK, JobState.DEAD)
     assert FailResult.from_reply([5, b""]).state is JobState.UNKNOWN
+
+
+# --- the job's retry policy and progress ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "progress"),
+    [
+        (b"1005 0.4 resized 4/10", JobProgress(0.4, "resized 4/10", 1005)),
+        (b"7 1.0 ", JobProgress(1.0, "", 7)),
+        (b"7 0.0 two  spaces\nand a line", JobProgress(0.0, "two  spaces\nand a line", 7)),
+        (b"", None),
+        (None, None),
+    ],
+)
+def test_a_progress_field_reads_back_what_heartbeat_lua_wrote(
+    raw: bytes | None, progress: JobProgress | None
+) -> None:
+    assert JobProgress.parse(raw) == progress
+    if progress is not None:
+        # heartbeat.lua writes '<now> ' .. to_arg(): the report survives the round trip.
+        assert JobProgress.parse(f"{progress.updated_at_ms} {progress.to_arg()}") == progress
+
+
+@pytest.mark.parametrize(
+    ("state", "attempts", "expected"),
+    [("scheduled", b"1", 1001), ("scheduled", b"0", 0), ("ready", b"1", 0), ("active", b"2", 0)],
+)
+def test_next_attempt_is_the_run_at_of_a_scheduled_job_that_has_failed(
+    state: str, attempts: bytes, expected: int
+) -> None:
+    rec = JobRecord.from_hash("J1", FULL_HASH | {b"s": state.encode(), b"at": attempts})
+    assert rec.next_attempt_at_ms == expected

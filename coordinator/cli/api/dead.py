@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from shardq.common.errors import InvalidArgument
-from shardq.coordinator.cli.api.render import job_dict, message_dict, print_jobs
+from shardq.coordinator.cli.api.render import job_dict, print_jobs
 from shardq.coordinator.cli.api.request import PAGE_ARGS, api_client
 from shardq.coordinator.cli.command import Commands, arg
 from shardq.coordinator.cli.terminal import plural, print_json
@@ -23,11 +23,9 @@ def dead_list(args: argparse.Namespace) -> int:
     with api_client(args) as client:
         page = client.list_dead(args.page_size, args.page_token)
     if args.json:
-        print_json(
-            {"jobs": [job_dict(j) for j in page.jobs], "next_page_token": page.next_page_token}
-        )
+        print_json({"jobs": [job_dict(j) for j in page], "next_page_token": page.next_page_token})
     else:
-        print_jobs(page.jobs, page.next_page_token, dead=True)
+        print_jobs(page.items, page.next_page_token, dead=True)
     return 0
 
 
@@ -46,9 +44,9 @@ def dead_requeue(args: argparse.Namespace) -> int:
     with api_client(args) as client:
         resp = client.requeue_dead(args.job_ids, all=args.all)
     if args.json:
-        print_json(message_dict(resp))
+        print_json({"requeued_count": resp.requeued, "not_found_job_ids": list(resp.not_found)})
     else:
-        print(f"requeued {plural(resp.requeued_count, 'job')}")
-        if resp.not_found_job_ids:
-            print(f"not dead or unknown: {' '.join(resp.not_found_job_ids)}")
+        print(f"requeued {plural(resp.requeued, 'job')}")
+        if resp.not_found:
+            print(f"not dead or unknown: {' '.join(resp.not_found)}")
     return 0

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+from shardq.client import JobState
 from shardq.common.errors import InvalidArgument
 from shardq.coordinator.cli.api.render import job_dict, print_job, print_jobs, state_name
 from shardq.coordinator.cli.api.request import PAGE_ARGS, api_client, payload_arg
 from shardq.coordinator.cli.command import Commands, arg
 from shardq.coordinator.cli.terminal import print_json
-from shardq.v1 import common_pb2
 
 commands = Commands("api", groups={"jobs": "a tenant's jobs"})
 
 STATE_NAMES = {
-    "scheduled": common_pb2.JOB_STATE_SCHEDULED,
-    "ready": common_pb2.JOB_STATE_READY,
-    "active": common_pb2.JOB_STATE_ACTIVE,
-    "dead": common_pb2.JOB_STATE_DEAD,
+    state.name.lower(): state
+    for state in (JobState.SCHEDULED, JobState.READY, JobState.ACTIVE, JobState.DEAD)
 }
+
+
+def _unix_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 @commands.add(
@@ -46,8 +48,10 @@ def submit(args: argparse.Namespace) -> int:
             payload,
             request_id=args.request_id,
             priority=args.priority,
-            delay_ms=args.delay_ms,
-            run_at_ms=args.run_at_ms,
+            delay=None if args.delay_ms is None else timedelta(milliseconds=args.delay_ms),
+            run_at=None
+            if args.run_at_ms is None
+            else datetime.fromtimestamp(args.run_at_ms / 1000, UTC),
             max_attempts=args.max_attempts,
             queue=args.queue,
         )
@@ -80,7 +84,7 @@ def cancel(args: argparse.Namespace) -> int:
         job = client.cancel(args.job_id)
     if args.json:
         print_json(job_dict(job))
-    elif job.cancel_requested and job.state != common_pb2.JOB_STATE_CANCELLED:
+    elif job.cancel_requested and job.state is not JobState.CANCELLED:
         print(f"{job.job_id}  cancel requested: it is active and ends cancelled")
     else:
         print(f"{job.job_id}  {state_name(job.state)}")
@@ -98,7 +102,7 @@ def watch(args: argparse.Namespace) -> int:
         for job in client.watch(args.job_id):
             updates.append(job)
             if not args.json:
-                error = f"  {' '.join(job.last_error.split())[:80]}" if job.last_error else ""
+                error = f"  {' '.join(job.error.split())[:80]}" if job.error else ""
                 print(
                     f"{datetime.now(UTC):%H:%M:%S}  {state_name(job.state):<9}  "
                     f"attempt {job.attempts}/{job.max_attempts}{error}",
@@ -119,9 +123,7 @@ def jobs_list(args: argparse.Namespace) -> int:
     with api_client(args) as client:
         page = client.list_jobs(STATE_NAMES[args.state], args.page_size, args.page_token)
     if args.json:
-        print_json(
-            {"jobs": [job_dict(j) for j in page.jobs], "next_page_token": page.next_page_token}
-        )
+        print_json({"jobs": [job_dict(j) for j in page], "next_page_token": page.next_page_token})
     else:
-        print_jobs(page.jobs, page.next_page_token)
+        print_jobs(page.items, page.next_page_token)
     return 0

@@ -4,13 +4,11 @@ job each time they fire)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from shardq.client import job_spec
-from shardq.coordinator.cli.api.render import json_value, message_dict
+from shardq.coordinator.cli.api.render import at
 from shardq.coordinator.cli.api.request import api_client, payload_arg
 from shardq.coordinator.cli.command import Commands, arg
-from shardq.coordinator.cli.terminal import print_json, print_table, when
+from shardq.coordinator.cli.terminal import print_json, print_table
 
 commands = Commands("api", groups={"schedules": "a tenant's recurring schedules"})
 
@@ -29,21 +27,21 @@ commands = Commands("api", groups={"schedules": "a tenant's recurring schedules"
     ),
 )
 def schedules_create(args: argparse.Namespace) -> int:
-    template = job_spec(args.handler, payload_arg(args.payload, "PAYLOAD"), priority=args.priority)
-    template.ClearField("request_id")  # each tick gets its own
+    payload = payload_arg(args.payload, "PAYLOAD")
     with api_client(args) as client:
-        sched = client.create_schedule(args.schedule_id, args.cron, template, args.tz)
+        sched = client.schedule(
+            args.schedule_id,
+            args.cron,
+            args.handler,
+            payload,
+            timezone=args.tz,
+            priority=args.priority,
+        )
     if args.json:
-        print_json(schedule_dict(sched))
+        print_json(sched.to_dict())
     else:
-        print(f"schedule {sched.schedule_id}: next run at {when(sched.next_run_at_unix_ms)}")
+        print(f"schedule {sched.schedule_id}: next run at {at(sched.next_run_at)}")
     return 0
-
-
-def schedule_dict(s: Any) -> dict[str, Any]:
-    out = message_dict(s)
-    out["job_template"]["payload"] = json_value(s.job_template.payload)
-    return out
 
 
 @commands.add("schedules", "list", help="list the tenant's schedules")
@@ -51,7 +49,7 @@ def schedules_list(args: argparse.Namespace) -> int:
     with api_client(args) as client:
         found = client.list_schedules()
     if args.json:
-        print_json([schedule_dict(s) for s in found])
+        print_json([s.to_dict() for s in found])
         return 0
     print_table(
         ["ID", "CRON", "TIME_ZONE", "HANDLER", "NEXT_RUN"],
@@ -59,9 +57,9 @@ def schedules_list(args: argparse.Namespace) -> int:
             [
                 s.schedule_id,
                 s.cron,
-                s.time_zone,
-                s.job_template.handler,
-                when(s.next_run_at_unix_ms),
+                s.timezone,
+                s.handler,
+                at(s.next_run_at),
             ]
             for s in found
         ],

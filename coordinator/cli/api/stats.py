@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from shardq.coordinator.cli.api.render import message_dict
+from shardq.client import TenantStats
+from shardq.client.model import to_json_ready
 from shardq.coordinator.cli.api.request import api_client
 from shardq.coordinator.cli.command import Commands, arg
 from shardq.coordinator.cli.terminal import print_json, print_table
-from shardq.v1 import common_pb2
 
 commands = Commands("api")
 
@@ -19,14 +19,14 @@ _STATS_HEADERS = [
 ]  # fmt: skip
 
 
-def _paused(t: common_pb2.TenantStats) -> str:
+def _paused(t: TenantStats) -> str:
     """``yes`` (the whole tenant), its paused queues, or ``-``."""
     if t.paused:
         return "yes"
     return ",".join(t.paused_queues) or "-"
 
 
-def _stats_row(t: common_pb2.TenantStats) -> list[object]:
+def _stats_row(t: TenantStats) -> list[object]:
     return [
         t.tenant_id, t.shard_id, t.scheduled, t.ready, t.active, t.dead,
         t.submitted_total, t.completed_total, t.failed_total, t.unrunnable_total, _paused(t),
@@ -46,18 +46,18 @@ def stats(args: argparse.Namespace) -> int:
         args.tenant = args.tenant_id
     with api_client(args) as client:
         if args.all:
-            found: list[common_pb2.TenantStats] = []
+            found: list[TenantStats] = []
             token = ""
             while True:
                 page = client.list_tenant_stats(page_size=1000, page_token=token)
-                found += page.tenants
+                found += page.items
                 token = page.next_page_token
                 if not token:
                     break
         else:
             found = [client.tenant_stats()]
     if args.json:
-        docs = [message_dict(t) for t in found]
+        docs = [to_json_ready(t) for t in found]
         print_json(docs if args.all else docs[0])
     else:
         print_table(_STATS_HEADERS, [_stats_row(t) for t in found])

@@ -5,13 +5,14 @@ operator's ``tenants`` commands, which place tenants on shards in the database, 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
+from shardq.client import TenantLimits
 from shardq.common.errors import InvalidArgument
 from shardq.coordinator.cli.api.request import api_client
 from shardq.coordinator.cli.command import Commands, arg
 from shardq.coordinator.cli.terminal import print_json, print_table
-from shardq.v1 import common_pb2
 
 commands = Commands("api")
 
@@ -23,12 +24,22 @@ FLAGS: dict[str, tuple[str, type, str]] = {
     "submit_burst": ("--burst", int, "submits the bucket holds"),
     "max_pending": ("--max-pending", int, "most jobs scheduled, ready or running"),
     "max_pending_bytes": ("--max-pending-bytes", int, "most payload bytes of those jobs"),
+    "result_retention_s": (
+        "--result-retention",
+        int,
+        "seconds a finished job's result row is kept before it is purged",
+    ),
+    "dedupe_window_s": (
+        "--dedupe-window",
+        int,
+        "seconds a request_id is deduplicated after its job is accepted, 30-604800",
+    ),
 }
 #: What 0 means in each field once the server's defaults are applied.
-ZERO_MEANS = {"submit_burst": "max(1, rate)"}
+ZERO_MEANS = {"submit_burst": "max(1, rate)", "result_retention_s": "kept forever"}
 
 
-def limits_dict(limits: common_pb2.TenantLimits) -> dict[str, Any]:
+def limits_dict(limits: TenantLimits) -> dict[str, Any]:
     return {name: getattr(limits, name) for name in FLAGS}
 
 
@@ -76,11 +87,7 @@ def tenants_set(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"nothing to change: give one or more of {flags}", field="limits")
     with api_client(args) as client:
         before = client.tenant_limits(args.tenant_id)
-        wanted = common_pb2.TenantLimits()
-        wanted.CopyFrom(before)
-        for name, value in changes.items():
-            setattr(wanted, name, value)
-        after = client.set_tenant_limits(wanted, args.tenant_id)
+        after = client.set_tenant_limits(replace(before, **changes), args.tenant_id)
     old, new = limits_dict(before), limits_dict(after)
     if args.json:
         print_json({"tenant_id": args.tenant_id, "before": old, "after": new})

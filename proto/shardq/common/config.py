@@ -14,8 +14,11 @@ import json
 import logging
 import os
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+if TYPE_CHECKING:  # redis-py is the server extra's: the client's CLI commands load this module
+    from shardq.common.redis import Durability
 
 #: The programs' variables are ``SHARDQ_<FLAG>``; ``shardq dev`` uses ``SHARDQ_DEV_<FLAG>``.
 ENV_PREFIX = "SHARDQ_"
@@ -116,6 +119,49 @@ def add_redis_password(
 ) -> None:
     """``--redis-password`` [SHARDQ_REDIS_PASSWORD], none by default."""
     add(parser, "--redis-password", "", help)
+
+
+def add_shard_durability(parser: argparse.ArgumentParser) -> None:
+    """``--shard-replicas-to-ack``, ``--shard-replica-ack-timeout-ms`` and ``--shard-wait-aof``
+    [SHARDQ_SHARD_REPLICAS_TO_ACK, ...]: how many replicas of a shard must hold a write before
+    it is acknowledged. Every program that writes to shards takes them (coordinator, worker,
+    shard loop, ``shardq shards``), and they should agree."""
+    add(
+        parser, "--shard-replicas-to-ack", 0, "replicas of a shard that must hold each write "
+        "(WAIT) before it is acknowledged: a submit, ack, promote, reap, cron tick (0: off)", int,
+    )  # fmt: skip
+    add(
+        parser, "--shard-replica-ack-timeout-ms", 1_000, "longest wait for those replicas; "
+        "short of them the call fails UNAVAILABLE and is retried", int,
+    )  # fmt: skip
+    add(
+        parser, "--shard-wait-aof", False, "wait with WAITAOF (Redis >= 7.2): the write is "
+        "fsynced to the AOF of the primary and of the replicas, not only in their memory",
+        flag_bool,
+    )  # fmt: skip
+
+
+def durability(args: argparse.Namespace) -> Durability:
+    """The shard durability that :func:`add_shard_durability`'s flags ask for."""
+    from shardq.common.redis import Durability  # noqa: PLC0415 - see the TYPE_CHECKING import
+
+    if args.shard_replicas_to_ack < 0 or args.shard_replica_ack_timeout_ms < 1:
+        raise SystemExit(
+            "--shard-replicas-to-ack must be >= 0 and --shard-replica-ack-timeout-ms >= 1"
+        )
+    return Durability(
+        args.shard_replicas_to_ack, args.shard_replica_ack_timeout_ms, args.shard_wait_aof
+    )
+
+
+def flag_bool(text: str) -> bool:
+    """A yes/no flag value from a variable: 1/0, true/false, yes/no, on/off."""
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"not a yes/no value: {text!r}")
 
 
 def add_ops_http(parser: argparse.ArgumentParser, port: int, port_help: str) -> None:

@@ -62,8 +62,21 @@ def queue(value: object, field: str = "queue") -> str:
 
 def int_in_range(value: object, low: int, high: int, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidArgument(f"{value!r} is outside [{low}, {high}]", field=field)
+        message = f"{value!r} is outside [{low}, {high}]"
+        if isinstance(value, int) and value > high:
+            message += _negative_hint(value)
+        raise InvalidArgument(message, field=field)
     return value
+
+
+def _negative_hint(value: int) -> str:
+    """What a huge value of an unsigned field (uint32, uint64) was likely meant to be: a client
+    in JavaScript or Java that sends -1 there sends the type's largest value, and quoting only
+    that would puzzle its author."""
+    for bits in (32, 64):
+        if 2 ** (bits - 1) <= value < 2**bits:
+            return f" ({value - 2**bits} as a {bits}-bit unsigned value?)"
+    return ""
 
 
 def priority(value: object, field: str = "priority") -> int:

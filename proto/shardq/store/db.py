@@ -88,6 +88,9 @@ moves = sa.Table(
     sa.Column("from_shard_id", sa.Integer, sa.ForeignKey(shards.c.shard_id), nullable=False),
     sa.Column("to_shard_id", sa.Integer, sa.ForeignKey(shards.c.shard_id), nullable=False),
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
+    # The map version the change that recorded the move committed as: the moves of one
+    # command share it, so that command acts on its own moves only (0006; NULL before).
+    sa.Column("change_version", sa.BigInteger, nullable=True),
 )
 
 # A single row: the map's version, bumped in the same transaction as every map change.
@@ -151,8 +154,13 @@ results = sa.Table(
     sa.Column("queued_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
+    # The handler's last ctx.progress report, {"fraction", "message", "updated_at_unix_ms"}
+    # as in shardq.v1.JobProgress; NULL when it reported none (0007).
+    sa.Column("progress", JSONB, nullable=True),
     sa.CheckConstraint(_in("status", RESULT_STATUSES), name="status"),
     sa.Index(None, "job_id"),
+    # The retention purge's range: one tenant's rows finished before its cutoff (0005).
+    sa.Index(None, "tenant_id", "finished_at"),
 )
 
 
@@ -176,12 +184,19 @@ tenant_limits = sa.Table(
     # Most jobs, and payload bytes, SCHEDULED + READY + ACTIVE at once.
     sa.Column("max_pending", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("max_pending_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    # Seconds a finished job's result row is kept (shardq.store.retention), and seconds a
+    # request_id stays deduplicated on the shard (0: the server's defaults).
+    sa.Column("result_retention_s", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("dedupe_window_s", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
     sa.CheckConstraint(f"weight >= 0 AND weight <= {MAX_TENANT_WEIGHT}", name="weight"),
     sa.CheckConstraint(
         "max_active >= 0 AND submit_rate_per_s >= 0 AND submit_burst >= 0 "
         "AND max_pending >= 0 AND max_pending_bytes >= 0",
         name="not_negative",
+    ),
+    sa.CheckConstraint(
+        "result_retention_s >= 0 AND dedupe_window_s >= 0", name="retention_not_negative"
     ),
 )
 

@@ -52,6 +52,9 @@ class ResultRow:
     finished_ms: int
     result: Any = None
     error: str | None = None
+    #: The handler's last progress report as JSON data (``shardq.v1.JobProgress``'s names);
+    #: None when it reported none.
+    progress: Any = None
 
     def values(self) -> dict[str, Any]:
         return {
@@ -69,6 +72,8 @@ class ResultRow:
             "queued_at": _ts(self.queued_ms),
             "started_at": _ts(self.started_ms),
             "finished_at": _ts(self.finished_ms),
+            # SQL NULL for none, as the batch statement writes it (JSONB would store null).
+            "progress": sa.null() if self.progress is None else self.progress,
         }
 
 
@@ -89,6 +94,7 @@ def upsert(rows: Sequence[ResultRow]) -> sa.Insert:
             "worker_id": excluded.worker_id,
             "started_at": excluded.started_at,
             "finished_at": excluded.finished_at,
+            "progress": excluded.progress,
         },
         where=results.c.status == "dead",
     )
@@ -97,7 +103,7 @@ def upsert(rows: Sequence[ResultRow]) -> sa.Insert:
 #: Columns of a result row, and the ones a replaced ``dead`` row takes from the new one.
 _COLUMNS = (
     "tenant_id", "request_id", "job_id", "shard_id", "handler", "status", "result", "error",
-    "attempts", "fence", "worker_id", "queued_at", "started_at", "finished_at",
+    "attempts", "fence", "worker_id", "queued_at", "started_at", "finished_at", "progress",
 )  # fmt: skip
 _KEPT = ("tenant_id", "request_id", "handler", "queued_at")
 _SET = ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS if c not in _KEPT)
@@ -110,11 +116,11 @@ _UPSERT_MANY = f"""
 INSERT INTO shardq_results ({", ".join(_COLUMNS)})
 SELECT t, r, j, s, h, st, res::jsonb, e, a, f, w,
        to_timestamp(NULLIF(q, 0) / 1000.0), to_timestamp(NULLIF(sa, 0) / 1000.0),
-       to_timestamp(fa / 1000.0)
+       to_timestamp(fa / 1000.0), pg::jsonb
 FROM unnest(%(t)s::text[], %(r)s::text[], %(j)s::text[], %(s)s::int[], %(h)s::text[],
             %(st)s::text[], %(res)s::text[], %(e)s::text[], %(a)s::int[], %(f)s::bigint[],
-            %(w)s::text[], %(q)s::bigint[], %(sa)s::bigint[], %(fa)s::bigint[])
-     AS u(t, r, j, s, h, st, res, e, a, f, w, q, sa, fa)
+            %(w)s::text[], %(q)s::bigint[], %(sa)s::bigint[], %(fa)s::bigint[], %(pg)s::text[])
+     AS u(t, r, j, s, h, st, res, e, a, f, w, q, sa, fa, pg)
 ON CONFLICT (tenant_id, request_id) DO UPDATE SET {_SET}
 WHERE shardq_results.status = 'dead'
 """
@@ -133,7 +139,7 @@ def _arrays(rows: Sequence[ResultRow]) -> dict[str, list[Any]]:
     """The rows as one list per column. The first row of a key wins: one statement may not
     update a row twice."""
     seen: set[tuple[str, str]] = set()
-    names = ("t", "r", "j", "s", "h", "st", "res", "e", "a", "f", "w", "q", "sa", "fa")
+    names = ("t", "r", "j", "s", "h", "st", "res", "e", "a", "f", "w", "q", "sa", "fa", "pg")
     cols: dict[str, list[Any]] = {k: [] for k in names}
     for row in rows:
         if (row.tenant_id, row.request_id) in seen:
@@ -144,6 +150,8 @@ def _arrays(rows: Sequence[ResultRow]) -> dict[str, list[Any]]:
             # JSON null for None, as SQLAlchemy's JSONB type stores it (none_as_null is off).
             json.dumps(row.result), row.error, row.attempts, row.fence, row.worker_id,
             row.queued_ms, row.started_ms, row.finished_ms,
+            # SQL NULL (not JSON null) for no progress: "never reported" reads as IS NULL.
+            None if row.progress is None else json.dumps(row.progress),
         )  # fmt: skip
         for name, value in zip(names, values, strict=True):
             cols[name].append(value)
@@ -227,15 +235,31 @@ class ResultStore:
         await self._checks.close()
 
 
-async def write_in_session(session: AsyncSession, row: ResultRow) -> None:
-    """Add the result row to a handler's own transaction and commit both together."""
-    await session.execute(upsert([row]))
+async def write_in_session(session: AsyncSession, row: ResultRow) -> bool:
+    """Add the result row to a handler's own transaction and commit both together. When the
+    job's row is already final (another run recorded it: this one lost its lease and finished
+    before it was stopped), the upsert changes nothing and the handler's writes are rolled
+    back with it, so they never commit twice: False."""
+    if (await session.execute(_upsert_returning(row))).first() is None:
+        await session.rollback()
+        return False
     await session.commit()
+    return True
 
 
-def write_in_sync_session(session: Session, row: ResultRow) -> None:
-    session.execute(upsert([row]))
+def write_in_sync_session(session: Session, row: ResultRow) -> bool:
+    """:func:`write_in_session` for a thread handler's session."""
+    if session.execute(_upsert_returning(row)).first() is None:
+        session.rollback()
+        return False
     session.commit()
+    return True
+
+
+def _upsert_returning(row: ResultRow) -> sa.Insert:
+    """:func:`upsert` of one row that returns it when written, nothing when a final row
+    refused it (rowcount is not told through every driver path)."""
+    return upsert([row]).returning(results.c.status)
 
 
 def to_json(value: Any) -> Any:

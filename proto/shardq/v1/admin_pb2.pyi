@@ -472,3 +472,196 @@ class ResumeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResumeResponse: _TypeAlias = ResumeResponse  # noqa: Y015
+
+@_typing.final
+class ListShardStatusRequest(_message.Message):
+    """ListShardStatusRequest asks for the status of every shard.
+    Next ID: 1
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListShardStatusRequest: _TypeAlias = ListShardStatusRequest  # noqa: Y015
+
+@_typing.final
+class ListShardStatusResponse(_message.Message):
+    """ListShardStatusResponse is the status of every shard and of the moves under way.
+    Next ID: 3
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARDS_FIELD_NUMBER: _builtins.int
+    MOVES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardStatus]:
+        """One per shard of the map, in shard_id order."""
+
+    @_builtins.property
+    def moves(self) -> _containers.RepeatedCompositeFieldContainer[Global___MoveStatus]:
+        """Tenant moves under way, in tenant_id order."""
+
+    def __init__(
+        self,
+        *,
+        shards: _abc.Iterable[Global___ShardStatus] | None = ...,
+        moves: _abc.Iterable[Global___MoveStatus] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["moves", b"moves", "shards", b"shards"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListShardStatusResponse: _TypeAlias = ListShardStatusResponse  # noqa: Y015
+
+@_typing.final
+class ShardStatus(_message.Message):
+    """ShardStatus is one shard's live state, read from its Redis when asked.
+    Next ID: 18
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REACHABLE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    USED_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    LEADER_INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    LEADER_TTL_MS_FIELD_NUMBER: _builtins.int
+    TENANT_COUNT_FIELD_NUMBER: _builtins.int
+    SCHEDULED_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    ACTIVE_FIELD_NUMBER: _builtins.int
+    DEAD_FIELD_NUMBER: _builtins.int
+    SUBMITTED_TOTAL_FIELD_NUMBER: _builtins.int
+    COMPLETED_TOTAL_FIELD_NUMBER: _builtins.int
+    FAILED_TOTAL_FIELD_NUMBER: _builtins.int
+    DUE_LATENESS_MS_FIELD_NUMBER: _builtins.int
+    shard_id: _builtins.int
+    """Shard number."""
+    address: _builtins.str
+    """host:port of the shard's Redis."""
+    state: Global___ShardState.ValueType
+    """Whether the shard takes new tenants."""
+    reachable: _builtins.bool
+    """False when the shard's Redis did not answer; the fields below are then 0."""
+    error: _builtins.str
+    """Why the shard could not be read; empty when reachable."""
+    used_memory_bytes: _builtins.int
+    """Memory the shard's Redis uses (INFO memory used_memory), in bytes."""
+    leader_instance_id: _builtins.str
+    """Instance ID of the shard loop holding the shard's leader lease; empty when none does
+    (nothing promotes due jobs or reaps expired leases then).
+    """
+    leader_ttl_ms: _builtins.int
+    """Milliseconds left on the leader lease; 0 when there is no leader."""
+    tenant_count: _builtins.int
+    """Tenants that have or had jobs on the shard."""
+    scheduled: _builtins.int
+    """Jobs now SCHEDULED on the shard, all tenants."""
+    ready: _builtins.int
+    """Jobs now READY on the shard, all tenants."""
+    active: _builtins.int
+    """Jobs now ACTIVE on the shard, all tenants."""
+    dead: _builtins.int
+    """Jobs now DEAD on the shard, all tenants."""
+    submitted_total: _builtins.int
+    """Jobs accepted on the shard since it started counting, all tenants (counts of tenants
+    that moved away go with them).
+    """
+    completed_total: _builtins.int
+    """Jobs that SUCCEEDED on the shard since it started counting, all tenants."""
+    failed_total: _builtins.int
+    """Failed attempts on the shard since it started counting, all tenants."""
+    due_lateness_ms: _builtins.int
+    """How late the most overdue SCHEDULED job is (shard time now minus its run time), in
+    milliseconds; 0 when no job is overdue. Growing means due jobs are not promoted.
+    """
+    def __init__(
+        self,
+        *,
+        shard_id: _builtins.int = ...,
+        address: _builtins.str = ...,
+        state: Global___ShardState.ValueType = ...,
+        reachable: _builtins.bool = ...,
+        error: _builtins.str = ...,
+        used_memory_bytes: _builtins.int = ...,
+        leader_instance_id: _builtins.str = ...,
+        leader_ttl_ms: _builtins.int = ...,
+        tenant_count: _builtins.int = ...,
+        scheduled: _builtins.int = ...,
+        ready: _builtins.int = ...,
+        active: _builtins.int = ...,
+        dead: _builtins.int = ...,
+        submitted_total: _builtins.int = ...,
+        completed_total: _builtins.int = ...,
+        failed_total: _builtins.int = ...,
+        due_lateness_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "address", b"address", "completed_total", b"completed_total", "dead", b"dead", "due_lateness_ms", b"due_lateness_ms", "error", b"error", "failed_total", b"failed_total", "leader_instance_id", b"leader_instance_id", "leader_ttl_ms", b"leader_ttl_ms", "reachable", b"reachable", "ready", b"ready", "scheduled", b"scheduled", "shard_id", b"shard_id", "state", b"state", "submitted_total", b"submitted_total", "tenant_count", b"tenant_count", "used_memory_bytes", b"used_memory_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardStatus: _TypeAlias = ShardStatus  # noqa: Y015
+
+@_typing.final
+class MoveStatus(_message.Message):
+    """MoveStatus is one tenant move under way and how far it got.
+    Next ID: 8
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    FROM_SHARD_ID_FIELD_NUMBER: _builtins.int
+    TO_SHARD_ID_FIELD_NUMBER: _builtins.int
+    STARTED_AT_UNIX_MS_FIELD_NUMBER: _builtins.int
+    JOBS_ON_SOURCE_FIELD_NUMBER: _builtins.int
+    JOBS_ON_TARGET_FIELD_NUMBER: _builtins.int
+    JOBS_IN_TRANSIT_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant being moved."""
+    from_shard_id: _builtins.int
+    """Shard the tenant is moving from."""
+    to_shard_id: _builtins.int
+    """Shard the tenant is moving to."""
+    started_at_unix_ms: _builtins.int
+    """When the move started."""
+    jobs_on_source: _builtins.int
+    """The tenant's jobs (scheduled, ready, active, dead) still counted on the source shard."""
+    jobs_on_target: _builtins.int
+    """The tenant's jobs counted on the target shard."""
+    jobs_in_transit: _builtins.int
+    """Jobs taken off the source's queues and not yet deleted there (being copied)."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        from_shard_id: _builtins.int = ...,
+        to_shard_id: _builtins.int = ...,
+        started_at_unix_ms: _builtins.int = ...,
+        jobs_on_source: _builtins.int = ...,
+        jobs_on_target: _builtins.int = ...,
+        jobs_in_transit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_shard_id", b"from_shard_id", "jobs_in_transit", b"jobs_in_transit", "jobs_on_source", b"jobs_on_source", "jobs_on_target", b"jobs_on_target", "started_at_unix_ms", b"started_at_unix_ms", "tenant_id", b"tenant_id", "to_shard_id", b"to_shard_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MoveStatus: _TypeAlias = MoveStatus  # noqa: Y015

@@ -66,6 +66,11 @@ class AdminServiceStub:
                 request_serializer=shardq_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
                 response_deserializer=shardq_dot_v1_dot_admin__pb2.ResumeResponse.FromString,
                 _registered_method=True)
+        self.ListShardStatus = channel.unary_unary(
+                '/shardq.v1.AdminService/ListShardStatus',
+                request_serializer=shardq_dot_v1_dot_admin__pb2.ListShardStatusRequest.SerializeToString,
+                response_deserializer=shardq_dot_v1_dot_admin__pb2.ListShardStatusResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -122,6 +127,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListShardStatus(self, request, context):
+        """ListShardStatus reports every shard as it is now: memory, the shard loop holding its
+        leader lease, job gauges summed over its tenants, and the tenant moves under way with
+        their progress. A shard that cannot be reached is reported with reachable = false; the
+        call itself does not fail for it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +169,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Resume,
                     request_deserializer=shardq_dot_v1_dot_admin__pb2.ResumeRequest.FromString,
                     response_serializer=shardq_dot_v1_dot_admin__pb2.ResumeResponse.SerializeToString,
+            ),
+            'ListShardStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListShardStatus,
+                    request_deserializer=shardq_dot_v1_dot_admin__pb2.ListShardStatusRequest.FromString,
+                    response_serializer=shardq_dot_v1_dot_admin__pb2.ListShardStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -319,6 +339,33 @@ class AdminService:
             '/shardq.v1.AdminService/Resume',
             shardq_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
             shardq_dot_v1_dot_admin__pb2.ResumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListShardStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shardq.v1.AdminService/ListShardStatus',
+            shardq_dot_v1_dot_admin__pb2.ListShardStatusRequest.SerializeToString,
+            shardq_dot_v1_dot_admin__pb2.ListShardStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

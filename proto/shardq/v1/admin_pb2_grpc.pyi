@@ -64,6 +64,12 @@ class AdminServiceStub:
     """
     Resume: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResumeRequest, _admin_pb2.ResumeResponse]
     """Resume undoes a Pause of the same target; workers waiting for work wake at once."""
+    ListShardStatus: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListShardStatusRequest, _admin_pb2.ListShardStatusResponse]
+    """ListShardStatus reports every shard as it is now: memory, the shard loop holding its
+    leader lease, job gauges summed over its tenants, and the tenant moves under way with
+    their progress. A shard that cannot be reached is reported with reachable = false; the
+    call itself does not fail for it.
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -93,6 +99,12 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """
     Resume: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResumeRequest, _admin_pb2.ResumeResponse]  # type: ignore[assignment]
     """Resume undoes a Pause of the same target; workers waiting for work wake at once."""
+    ListShardStatus: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListShardStatusRequest, _admin_pb2.ListShardStatusResponse]  # type: ignore[assignment]
+    """ListShardStatus reports every shard as it is now: memory, the shard loop holding its
+    leader lease, job gauges summed over its tenants, and the tenant moves under way with
+    their progress. A shard that cannot be reached is reported with reachable = false; the
+    call itself does not fail for it.
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdminService exposes the shard map and cluster-wide statistics."""
@@ -155,5 +167,17 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ResumeResponse, _abc.Awaitable[_admin_pb2.ResumeResponse]]:
         """Resume undoes a Pause of the same target; workers waiting for work wake at once."""
+
+    @_abc_1.abstractmethod
+    def ListShardStatus(
+        self,
+        request: _admin_pb2.ListShardStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListShardStatusResponse, _abc.Awaitable[_admin_pb2.ListShardStatusResponse]]:
+        """ListShardStatus reports every shard as it is now: memory, the shard loop holding its
+        leader lease, job gauges summed over its tenants, and the tenant moves under way with
+        their progress. A shard that cannot be reached is reported with reachable = false; the
+        call itself does not fail for it.
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -145,7 +145,9 @@ class JobSpec(_message.Message):
     a job of higher priority is claimed before any job of lower priority. Priorities never
     reorder tenants: the tenants of a shard take turns (round-robin, weighted by their
     TenantLimits.weight) whatever priorities they choose. Unset means 0 (the least
-    urgent). Above 9 fails with INVALID_ARGUMENT.
+    urgent). Below 0 or above 9 fails with INVALID_ARGUMENT.
+    int32, not uint32 (same varint on the wire for every value >= 0): a caller's -1 arrives
+    as -1, not 4294967295, so the error quotes what the caller meant.
     """
     run_at_unix_ms: _builtins.int
     """Absolute run time. A time in the past means now; further ahead than the server's
@@ -157,11 +159,12 @@ class JobSpec(_message.Message):
     """
     max_attempts: _builtins.int
     """Attempts before the job goes to the dead-letter set (the first run counts as one).
-    0 means the server default.
+    0 means the server default; from 0 to 1000 (INVALID_ARGUMENT otherwise). int32 as priority.
     """
     timeout_ms: _builtins.int
     """Time the handler may run per attempt before the attempt counts as failed.
-    0 means the server default.
+    0 means the server default; from 0 to 86400000 (24 h; INVALID_ARGUMENT otherwise). int32
+    as priority.
     """
     queue: _builtins.str
     """Queue the job waits in. Workers claim only from the queues they serve, so worker
@@ -561,7 +564,8 @@ class TenantLimits(_message.Message):
     DEDUPE_WINDOW_S_FIELD_NUMBER: _builtins.int
     weight: _builtins.int
     """Jobs the tenant gets per round-robin turn against the other tenants of its shard and
-    queue, from 1 to 1000. 0 means the default (1: an equal share).
+    queue, from 1 to 1000. 0 means the default (1: an equal share). int32 as JobSpec.priority
+    (a -1 is reported as -1).
     """
     max_active: _builtins.int
     """Most jobs of the tenant running (ACTIVE) at once, over all its queues."""

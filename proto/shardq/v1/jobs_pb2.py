@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from shardq.v1 import common_pb2 as shardq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14shardq/v1/jobs.proto\x12\tshardq.v1\x1a\x16shardq/v1/common.proto\"F\n\x10SubmitJobRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x1f\n\x03job\x18\x02 \x01(\x0b\x32\x12.shardq.v1.JobSpec\"F\n\x11SubmitJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.shardq.v1.Job\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"H\n\x11SubmitJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12 \n\x04jobs\x18\x02 \x03(\x0b\x32\x12.shardq.v1.JobSpec\">\n\x12SubmitJobsResponse\x12(\n\x05items\x18\x01 \x03(\x0b\x32\x19.shardq.v1.SubmitJobsItem\"\xa2\x01\n\x0eSubmitJobsItem\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x03 \x01(\x08\x12\"\n\x05state\x18\x04 \x01(\x0e\x32\x13.shardq.v1.JobState\x12#\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x14.shardq.v1.ItemError\"2\n\rGetJobRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"5\n\x10\x43\x61ncelJobRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.shardq.v1.Job\"o\n\x0fListJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.shardq.v1.JobState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.shardq.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x0fWatchJobRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"O\n\x13ListDeadJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"M\n\x14ListDeadJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.shardq.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"I\n\x16RequeueDeadJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07job_ids\x18\x02 \x03(\t\x12\x0b\n\x03\x61ll\x18\x03 \x01(\x08\"L\n\x17RequeueDeadJobsResponse\x12\x16\n\x0erequeued_count\x18\x01 \x01(\r\x12\x19\n\x11not_found_job_ids\x18\x02 \x03(\t2\xc5\x04\n\nJobService\x12\x46\n\tSubmitJob\x12\x1b.shardq.v1.SubmitJobRequest\x1a\x1c.shardq.v1.SubmitJobResponse\x12I\n\nSubmitJobs\x12\x1c.shardq.v1.SubmitJobsRequest\x1a\x1d.shardq.v1.SubmitJobsResponse\x12\x32\n\x06GetJob\x12\x18.shardq.v1.GetJobRequest\x1a\x0e.shardq.v1.Job\x12\x46\n\tCancelJob\x12\x1b.shardq.v1.CancelJobRequest\x1a\x1c.shardq.v1.CancelJobResponse\x12\x43\n\x08ListJobs\x12\x1a.shardq.v1.ListJobsRequest\x1a\x1b.shardq.v1.ListJobsResponse\x12\x38\n\x08WatchJob\x12\x1a.shardq.v1.WatchJobRequest\x1a\x0e.shardq.v1.Job0\x01\x12O\n\x0cListDeadJobs\x12\x1e.shardq.v1.ListDeadJobsRequest\x1a\x1f.shardq.v1.ListDeadJobsResponse\x12X\n\x0fRequeueDeadJobs\x12!.shardq.v1.RequeueDeadJobsRequest\x1a\".shardq.v1.RequeueDeadJobsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14shardq/v1/jobs.proto\x12\tshardq.v1\x1a\x16shardq/v1/common.proto\"F\n\x10SubmitJobRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x1f\n\x03job\x18\x02 \x01(\x0b\x32\x12.shardq.v1.JobSpec\"F\n\x11SubmitJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.shardq.v1.Job\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"H\n\x11SubmitJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12 \n\x04jobs\x18\x02 \x03(\x0b\x32\x12.shardq.v1.JobSpec\">\n\x12SubmitJobsResponse\x12(\n\x05items\x18\x01 \x03(\x0b\x32\x19.shardq.v1.SubmitJobsItem\"\xa2\x01\n\x0eSubmitJobsItem\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x03 \x01(\x08\x12\"\n\x05state\x18\x04 \x01(\x0e\x32\x13.shardq.v1.JobState\x12#\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x14.shardq.v1.ItemError\"F\n\rGetJobRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"5\n\x10\x43\x61ncelJobRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelJobResponse\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.shardq.v1.Job\"o\n\x0fListJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.shardq.v1.JobState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.shardq.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x0fWatchJobRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"O\n\x13ListDeadJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"M\n\x14ListDeadJobsResponse\x12\x1c\n\x04jobs\x18\x01 \x03(\x0b\x32\x0e.shardq.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"I\n\x16RequeueDeadJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07job_ids\x18\x02 \x03(\t\x12\x0b\n\x03\x61ll\x18\x03 \x01(\x08\"L\n\x17RequeueDeadJobsResponse\x12\x16\n\x0erequeued_count\x18\x01 \x01(\r\x12\x19\n\x11not_found_job_ids\x18\x02 \x03(\t2\xc5\x04\n\nJobService\x12\x46\n\tSubmitJob\x12\x1b.shardq.v1.SubmitJobRequest\x1a\x1c.shardq.v1.SubmitJobResponse\x12I\n\nSubmitJobs\x12\x1c.shardq.v1.SubmitJobsRequest\x1a\x1d.shardq.v1.SubmitJobsResponse\x12\x32\n\x06GetJob\x12\x18.shardq.v1.GetJobRequest\x1a\x0e.shardq.v1.Job\x12\x46\n\tCancelJob\x12\x1b.shardq.v1.CancelJobRequest\x1a\x1c.shardq.v1.CancelJobResponse\x12\x43\n\x08ListJobs\x12\x1a.shardq.v1.ListJobsRequest\x1a\x1b.shardq.v1.ListJobsResponse\x12\x38\n\x08WatchJob\x12\x1a.shardq.v1.WatchJobRequest\x1a\x0e.shardq.v1.Job0\x01\x12O\n\x0cListDeadJobs\x12\x1e.shardq.v1.ListDeadJobsRequest\x1a\x1f.shardq.v1.ListDeadJobsResponse\x12X\n\x0fRequeueDeadJobs\x12!.shardq.v1.RequeueDeadJobsRequest\x1a\".shardq.v1.RequeueDeadJobsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,25 +43,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITJOBSITEM']._serialized_start=342
   _globals['_SUBMITJOBSITEM']._serialized_end=504
   _globals['_GETJOBREQUEST']._serialized_start=506
-  _globals['_GETJOBREQUEST']._serialized_end=556
-  _globals['_CANCELJOBREQUEST']._serialized_start=558
-  _globals['_CANCELJOBREQUEST']._serialized_end=611
-  _globals['_CANCELJOBRESPONSE']._serialized_start=613
-  _globals['_CANCELJOBRESPONSE']._serialized_end=661
-  _globals['_LISTJOBSREQUEST']._serialized_start=663
-  _globals['_LISTJOBSREQUEST']._serialized_end=774
-  _globals['_LISTJOBSRESPONSE']._serialized_start=776
-  _globals['_LISTJOBSRESPONSE']._serialized_end=849
-  _globals['_WATCHJOBREQUEST']._serialized_start=851
-  _globals['_WATCHJOBREQUEST']._serialized_end=903
-  _globals['_LISTDEADJOBSREQUEST']._serialized_start=905
-  _globals['_LISTDEADJOBSREQUEST']._serialized_end=984
-  _globals['_LISTDEADJOBSRESPONSE']._serialized_start=986
-  _globals['_LISTDEADJOBSRESPONSE']._serialized_end=1063
-  _globals['_REQUEUEDEADJOBSREQUEST']._serialized_start=1065
-  _globals['_REQUEUEDEADJOBSREQUEST']._serialized_end=1138
-  _globals['_REQUEUEDEADJOBSRESPONSE']._serialized_start=1140
-  _globals['_REQUEUEDEADJOBSRESPONSE']._serialized_end=1216
-  _globals['_JOBSERVICE']._serialized_start=1219
-  _globals['_JOBSERVICE']._serialized_end=1800
+  _globals['_GETJOBREQUEST']._serialized_end=576
+  _globals['_CANCELJOBREQUEST']._serialized_start=578
+  _globals['_CANCELJOBREQUEST']._serialized_end=631
+  _globals['_CANCELJOBRESPONSE']._serialized_start=633
+  _globals['_CANCELJOBRESPONSE']._serialized_end=681
+  _globals['_LISTJOBSREQUEST']._serialized_start=683
+  _globals['_LISTJOBSREQUEST']._serialized_end=794
+  _globals['_LISTJOBSRESPONSE']._serialized_start=796
+  _globals['_LISTJOBSRESPONSE']._serialized_end=869
+  _globals['_WATCHJOBREQUEST']._serialized_start=871
+  _globals['_WATCHJOBREQUEST']._serialized_end=923
+  _globals['_LISTDEADJOBSREQUEST']._serialized_start=925
+  _globals['_LISTDEADJOBSREQUEST']._serialized_end=1004
+  _globals['_LISTDEADJOBSRESPONSE']._serialized_start=1006
+  _globals['_LISTDEADJOBSRESPONSE']._serialized_end=1083
+  _globals['_REQUEUEDEADJOBSREQUEST']._serialized_start=1085
+  _globals['_REQUEUEDEADJOBSREQUEST']._serialized_end=1158
+  _globals['_REQUEUEDEADJOBSRESPONSE']._serialized_start=1160
+  _globals['_REQUEUEDEADJOBSRESPONSE']._serialized_end=1236
+  _globals['_JOBSERVICE']._serialized_start=1239
+  _globals['_JOBSERVICE']._serialized_end=1820
 # @@protoc_insertion_point(module_scope)

@@ -195,27 +195,34 @@ Global___SubmitJobsItem: _TypeAlias = SubmitJobsItem  # noqa: Y015
 
 @_typing.final
 class GetJobRequest(_message.Message):
-    """GetJobRequest names one job.
-    Next ID: 3
+    """GetJobRequest names one job: by job_id, or by the request_id it was submitted with.
+    Exactly one of the two must be set (INVALID_ARGUMENT otherwise).
+    Next ID: 4
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Tenant that owns the job; empty means the token's tenant."""
     job_id: _builtins.str
     """ID of the job."""
+    request_id: _builtins.str
+    """The request_id the job was submitted with. Found while the server remembers it for
+    deduplication (TenantLimits.dedupe_window_s); NOT_FOUND after.
+    """
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         job_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -295,7 +302,8 @@ class ListJobsRequest(_message.Message):
     """
     page_size: _builtins.int
     """Maximum jobs in the page; 0 means the server default (100), larger values are
-    clamped to the server maximum (1000).
+    clamped to the server maximum (1000); below 0 fails with INVALID_ARGUMENT. int32 (not
+    uint32, the same varint for values >= 0) so a -1 is reported as -1.
     """
     page_token: _builtins.str
     """next_page_token of the previous page; empty for the first page."""
@@ -388,7 +396,8 @@ class ListDeadJobsRequest(_message.Message):
     """Tenant that owns the jobs; empty means the token's tenant."""
     page_size: _builtins.int
     """Maximum jobs in the page; 0 means the server default (100), larger values are
-    clamped to the server maximum (1000).
+    clamped to the server maximum (1000); below 0 fails with INVALID_ARGUMENT. int32 (not
+    uint32, the same varint for values >= 0) so a -1 is reported as -1.
     """
     page_token: _builtins.str
     """next_page_token of the previous page; empty for the first page."""

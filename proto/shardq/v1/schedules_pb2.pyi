@@ -150,7 +150,8 @@ class ListSchedulesRequest(_message.Message):
     """Tenant that owns the schedules; empty means the token's tenant."""
     page_size: _builtins.int
     """Maximum schedules in the page; 0 means the server default (100), larger values are
-    clamped to the server maximum (1000).
+    clamped to the server maximum (1000); below 0 fails with INVALID_ARGUMENT. int32 (not
+    uint32, the same varint for values >= 0) so a -1 is reported as -1.
     """
     page_token: _builtins.str
     """next_page_token of the previous page; empty for the first page."""
