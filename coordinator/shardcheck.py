@@ -13,7 +13,11 @@ the address and the check it failed, before anything is written:
 - ``maxmemory-policy noeviction``: any other policy deletes jobs silently under memory
   pressure, where noeviction refuses the write (RESOURCE_EXHAUSTED, a retry);
 - its keyspace is empty, or ours: marked with a shard's identity (``Keys.identity``), or only
-  keys under the key prefix.
+  keys under the key prefix;
+- with ``--shard-replicas-to-ack N``, at least N replicas connected (else every write fails).
+
+A ``sentinel://`` address is checked at the primary its sentinels name now; the identity
+marker is written there and replicated, so it holds whichever replica is promoted later.
 
 The settings are read from ``INFO`` (``aof_enabled``, ``maxmemory_policy``), which managed
 Redis services allow where they rename or forbid ``CONFIG``. Where ``INFO`` itself is refused,
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from shardq.common.errors import FailedPrecondition
@@ -115,6 +120,10 @@ class ShardChecker:
             raise AddressRefused(f"{address}: no answer within {self.timeout_s:g} s") from None
         except AuthenticationError as exc:
             raise AddressRefused(f"{address}: authentication failed ({_one_line(exc)})") from None
+        except MasterNotFoundError as exc:  # a sentinel:// address: no sentinel names a primary
+            raise AddressRefused(
+                f"{address}: no sentinel answers with a primary for it ({_one_line(exc)})"
+            ) from None
         except ConnectionError as exc:  # the builtin: raised by asyncio for a refused port
             raise AddressRefused(f"{address}: cannot connect ({_one_line(exc)})") from None
         except RedisError as exc:
@@ -155,11 +164,29 @@ class ShardChecker:
                 f"{address}: maxmemory-policy is {policy or 'unknown'}: Redis would delete jobs "
                 "when full (set maxmemory-policy noeviction)"
             )
+        self._check_replicas(address, info, version)
         identity = await shard_identity(shard)
         keys = int(await r.dbsize())
         if identity is None and keys:
             await self._only_ours(address, r)
         return AddressReport(address, version, identity, keys)
+
+    def _check_replicas(self, address: str, info: dict[str, Any], version: str) -> None:
+        """With ``--shard-replicas-to-ack N``: every write waits for N replicas, so a primary
+        with fewer connected would refuse every submit (UNAVAILABLE): refuse it here."""
+        wanted = self.settings.durability
+        if not wanted.replicas:
+            return
+        if wanted.aof and _version(version) < (7, 2, 0):
+            raise AddressRefused(
+                f"{address}: Redis {version} has no WAITAOF (7.2): drop --shard-wait-aof"
+            )
+        connected = int(info.get("connected_slaves", 0))
+        if connected < wanted.replicas:
+            raise AddressRefused(
+                f"{address}: has {connected} connected replica(s) where --shard-replicas-to-ack "
+                f"asks for {wanted.replicas}: every write would fail (start the replicas first)"
+            )
 
     async def _only_ours(self, address: str, r: Any) -> None:
         base = self.settings.key_prefix + ":"

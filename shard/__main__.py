@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from shardq.common import config
 from shardq.common.ops_http import OpsServer
+from shardq.common.redis import is_sentinel, redis_for
 from shardq.shard.client import ShardClient
 from shardq.shard.loop import LoopMetrics, LoopSettings, ShardLoop, default_instance_id
 from shardq.shard.models import ShardSettings
@@ -24,10 +25,14 @@ log = logging.getLogger("shardq.shard")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="shardq-shard", description=__doc__)
-    config.add(p, "--redis-url", "redis://127.0.0.1:6379/0", "this shard's Redis")
+    config.add(
+        p, "--redis-url", "redis://127.0.0.1:6379/0", "this shard's Redis, or its Sentinel "
+        "group: sentinel://h1:26379,h2:26379/MASTER (the primary is asked for, failovers followed)",
+    )  # fmt: skip
     config.add_redis_password(p, "password for the shard's Redis")
     config.add(p, "--shard-id", 0, "this shard's ID (metrics labels)", int)
     config.add_key_prefix(p)
+    config.add_shard_durability(p)
     config.add_database_url(
         p, "results database: the loop writes the rows of jobs that end without a worker"
     )
@@ -46,9 +51,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    url = config.redis_url_with_password(args.redis_url, args.redis_password)
-    redis = Redis.from_url(url, health_check_interval=10, socket_keepalive=True)
-    shard = ShardClient(redis, ShardSettings(key_prefix=args.key_prefix))
+    redis: Redis
+    if is_sentinel(args.redis_url):
+        redis = redis_for(args.redis_url, args.redis_password)
+    else:
+        url = config.redis_url_with_password(args.redis_url, args.redis_password)
+        redis = Redis.from_url(url, health_check_interval=10, socket_keepalive=True)
+    shard_settings = ShardSettings(key_prefix=args.key_prefix, durability=config.durability(args))
+    shard = ShardClient(redis, shard_settings)
     registry = CollectorRegistry()
     store = (
         ResultStore(psycopg_dsn(sqlalchemy_url(args.database_url))) if args.database_url else None

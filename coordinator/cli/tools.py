@@ -1,6 +1,7 @@
 """``shardq dev`` and ``shardq demo``: the local cluster and its demo load
 (``shardq.coordinator.tools``). Here the two meet: ``dev --demo`` gets ``demo``'s workload
-from this module, so neither tool imports the other."""
+from this module, so neither tool imports the other. ``shardq soak``: a local cluster under
+load and faults, reconciled at the end."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 from collections.abc import Awaitable
 
 from shardq.coordinator.cli.command import Commands
-from shardq.coordinator.tools import demo, dev
+from shardq.coordinator.tools import demo, dev, soak
 
 commands = Commands("local")
 
@@ -30,3 +31,11 @@ commands.add(
     args=(demo.add_arguments,),
     kind="api",
 )(demo.run)
+
+
+commands.add(
+    "soak",
+    help="run a local cluster under load across tenants while faults are injected at random, "
+    "then reconcile every accepted job (exit 1 when any was lost, duplicated or stuck)",
+    args=(soak.add_arguments,),
+)(soak.run)

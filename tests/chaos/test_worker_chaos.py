@@ -12,9 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from redis.asyncio import Redis
 
-from shardq.client import job_spec
+from shardq.client import JobState, job_spec
 from shardq.shard import ShardClient
-from shardq.v1 import common_pb2
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.handlers import EXECUTIONS, executions_in
 from tests.support.procs import CuttableProxy, start_worker, wait_until_serving
@@ -127,7 +126,7 @@ async def test_a_frozen_worker_cannot_overwrite_the_result_of_the_worker_that_to
         await asyncio.sleep(4)  # the frozen handler finishes its sleep and tries to record
         (after,) = await result_rows(cluster.database_url)
         assert after == row
-        assert (await c.get(sub.job_id)).state == common_pb2.JOB_STATE_SUCCEEDED
+        assert (await c.get(sub.job_id)).state == JobState.SUCCEEDED
     finally:
         a.stop()
         if b is not None:

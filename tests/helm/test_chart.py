@@ -243,6 +243,9 @@ def test_shard_count_and_addresses_agree(render: Render, yaml_mod: ModuleType, n
         f"{sts['metadata']['name']}-{i}.{svc['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{redis_port}"
         for i in range(count)
     ]
+    sentinel = values["shards"]["sentinel"]
+    if sentinel["enabled"]:  # the map names each shard by its Sentinel group
+        expected = [f"{sentinel_group(r)}/{sts['metadata']['name']}-{i}" for i in range(count)]
 
     sync = r.get("Job", f"{FULLNAME}-shards-sync")
     cmd = container(sync["spec"]["template"]["spec"], "shards-sync")["command"]
@@ -259,9 +262,70 @@ def test_shard_count_and_addresses_agree(render: Render, yaml_mod: ModuleType, n
         env = env_of(c)
         ref = env["SHARDQ_SHARD_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
         assert ref == "metadata.labels['apps.kubernetes.io/pod-index']"
-        assert env["SHARDQ_REDIS_URL"]["value"] == f"redis://127.0.0.1:{redis_port}/0"
+        url = f"redis://127.0.0.1:{redis_port}/0"
+        if sentinel["enabled"]:
+            url = f"{sentinel_group(r)}/{sts['metadata']['name']}-$(SHARDQ_SHARD_ID)"
+        assert env["SHARDQ_REDIS_URL"]["value"] == url
     ports = {env_of(c)["SHARDQ_METRICS_PORT"]["value"] for c in loops}
     assert len(ports) == len(loops), "the active and standby loops share a metrics port"
+
+
+def sentinel_group(r: Rendered) -> str:
+    """``sentinel://`` and every sentinel pod's host:port (their StatefulSet and Service)."""
+    sts = r.get("StatefulSet", f"{FULLNAME}-sentinel")
+    svc = r.get("Service", sts["spec"]["serviceName"])
+    (port,) = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "sentinel"]
+    hosts = [
+        f"{sts['metadata']['name']}-{j}.{svc['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{port}"
+        for j in range(sts["spec"]["replicas"])
+    ]
+    return "sentinel://" + ",".join(hosts)
+
+
+def test_sentinel_runs_each_shard_as_a_fenced_primary_with_replicas(
+    render: Render, yaml_mod: ModuleType
+) -> None:
+    """shards.sentinel: per shard a replica StatefulSet following pod i, three sentinels that
+    monitor every shard, min-replicas-to-write on every Redis, and every shardq program told
+    to wait for a replica; off by default."""
+    assert not any(d["metadata"]["name"].endswith("-sentinel") for d in render("default").docs)
+    r = render("sentinel")
+    values = values_of("sentinel", yaml_mod)
+    count, sn = values["shards"]["count"], values["shards"]["sentinel"]
+    sentinels = r.get("StatefulSet", f"{FULLNAME}-sentinel")
+    assert sentinels["spec"]["replicas"] == sn["sentinels"] >= 3
+    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+    assert "sentinel monitor $name $primary $REDIS_PORT $QUORUM" in scripts["start-sentinel.sh"]
+    primary = r.get("StatefulSet", f"{FULLNAME}-shard")
+    redis_of = [container(primary["spec"]["template"]["spec"], "redis")]
+    for i in range(count):
+        replicas = r.get("StatefulSet", f"{FULLNAME}-shard-{i}-replica")
+        assert replicas["spec"]["replicas"] == sn["replicas"]
+        c = container(replicas["spec"]["template"]["spec"], "redis")
+        env = env_of(c)
+        assert env["SHARD_INDEX"]["value"] == str(i)
+        assert env["INITIAL_PRIMARY"]["value"].startswith(f"{FULLNAME}-shard-{i}.")
+        assert replicas["spec"]["volumeClaimTemplates"], "a replica keeps its AOF on a volume"
+        redis_of.append(c)
+    for c in redis_of:
+        args = c["args"]
+        assert c["command"] == ["sh", "/scripts/start-redis.sh"]
+        assert args[args.index("--min-replicas-to-write") + 1] == "1"
+        assert args[args.index("--min-replicas-max-lag") + 1] == str(sn["minReplicasMaxLagS"])
+        assert args[args.index("--appendonly") + 1] == "yes"
+        assert env_of(c)["SENTINELS"]["value"] == sentinel_group(r).removeprefix("sentinel://")
+    programs = {
+        "coordinator": (r.get("Deployment", f"{FULLNAME}-coordinator"), "coordinator"),
+        "shard loop": (primary, "shard"),
+        "shards-sync": (r.get("Job", f"{FULLNAME}-shards-sync"), "shards-sync"),
+    }
+    waits = {
+        name: env_of(container(doc["spec"]["template"]["spec"], c))
+        .get("SHARDQ_SHARD_REPLICAS_TO_ACK", {})
+        .get("value")
+        for name, (doc, c) in programs.items()
+    }
+    assert waits == dict.fromkeys(waits, str(sn["replicasToAck"]))
 
 
 @pytest.mark.parametrize("name", VALUES_FILES)

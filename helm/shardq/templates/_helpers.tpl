@@ -52,13 +52,41 @@ app.kubernetes.io/part-of: shardq
 {{- printf "%s.%s.svc.%s:%d" (include "shardq.coordinator.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.coordinator.service.port) -}}
 {{- end -}}
 
-{{/* Stable address of every shard, one per line: pod i of the StatefulSet behind its headless Service. */}}
-{{- define "shardq.shard.addresses" -}}
+{{/* Stable address of every shard's Redis, one per line: pod i of the StatefulSet behind its headless Service. */}}
+{{- define "shardq.shard.redisAddresses" -}}
 {{- $sts := include "shardq.shard.fullname" . -}}
 {{- range $i := until (int .Values.shards.count) }}
 {{ printf "%s-%d.%s.%s.svc.%s:%d" $sts $i $sts $.Release.Namespace $.Values.clusterDomain (int $.Values.shards.redis.port) }}
 {{- end -}}
 {{- end -}}
+
+{{/* The address of every shard in the shard map, one per line: its Redis, or with
+shards.sentinel.enabled its Sentinel group (sentinel://s0,s1,s2/<shard>-<i>). */}}
+{{- define "shardq.shard.addresses" -}}
+{{- if .Values.shards.sentinel.enabled -}}
+{{- $group := include "shardq.sentinel.group" . -}}
+{{- range $i := until (int .Values.shards.count) }}
+{{ printf "sentinel://%s/%s" $group (include "shardq.sentinel.master" (dict "ctx" $ "i" $i)) }}
+{{- end -}}
+{{- else -}}
+{{ include "shardq.shard.redisAddresses" . }}
+{{- end -}}
+{{- end -}}
+
+{{- define "shardq.sentinel.fullname" -}}{{ include "shardq.fullname" . }}-sentinel{{- end -}}
+
+{{/* host:port of every sentinel, comma-separated. */}}
+{{- define "shardq.sentinel.group" -}}
+{{- $sts := include "shardq.sentinel.fullname" . -}}
+{{- $out := list -}}
+{{- range $j := until (int .Values.shards.sentinel.sentinels) -}}
+{{- $out = append $out (printf "%s-%d.%s.%s.svc.%s:%d" $sts $j $sts $.Release.Namespace $.Values.clusterDomain (int $.Values.shards.sentinel.port)) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* The name the sentinels monitor shard i's primary under. Call with (dict "ctx" $ "i" i). */}}
+{{- define "shardq.sentinel.master" -}}{{ include "shardq.shard.fullname" .ctx }}-{{ .i }}{{- end -}}
 
 {{/* ---------------------------------------------------------------- images */}}
 
@@ -150,6 +178,13 @@ Secret (it does not exist yet) and reads the hook copy instead.
   value: {{ .Values.keyPrefix | quote }}
 - name: SHARDQ_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
+{{- with .Values.shards.sentinel }}{{ if .enabled }}
+# Every write shardq acknowledges waits for a replica: a failover loses none of them.
+- name: SHARDQ_SHARD_REPLICAS_TO_ACK
+  value: {{ .replicasToAck | quote }}
+- name: SHARDQ_SHARD_REPLICA_ACK_TIMEOUT_MS
+  value: {{ .ackTimeoutMs | quote }}
+{{- end }}{{ end }}
 {{- end -}}
 
 {{/* The four limit keys of coordinator.tenantDefaults, and their names in SHARDQ_TENANT_LIMITS. */}}
@@ -467,7 +502,7 @@ activeDeadlineSeconds bounds the wait. Python and redis-py from the shardq image
                   print(f"waiting for shard {address}: {exc}", flush=True)
               time.sleep(2)
           print(f"shard {address} is up", flush=True)
-    {{- range $addr := splitList "\n" (include "shardq.shard.addresses" . | trim) }}
+    {{- range $addr := splitList "\n" (include "shardq.shard.redisAddresses" . | trim) }}
     - {{ $addr | quote }}
     {{- end }}
   env:

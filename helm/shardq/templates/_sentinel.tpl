@@ -1,0 +1,126 @@
+{{/*
+A shard's Redis under Sentinel (shards.sentinel.enabled): the primary's container in the shard
+StatefulSet and each replica's, all but the name. It starts through start-redis.sh, as the
+replica of the primary the sentinels name now (pod i of the shard StatefulSet at first), and
+fences itself: with no replica acknowledging for minReplicasMaxLagS it refuses writes, so a
+primary cut off from the others cannot take writes the promoted replica will not have.
+Call with (dict "ctx" $ "i" <shard index, or "" to read it from the pod> "initialPrimary"
+<FQDN of the shard's first primary, "" for that pod itself> "service" <headless Service>).
+*/}}
+{{- define "shardq.sentinel.redisContainer" -}}
+{{- $ := .ctx -}}
+{{- $r := $.Values.shards.redis -}}
+{{- $sn := $.Values.shards.sentinel -}}
+{{- $domain := printf "%s.svc.%s" $.Release.Namespace $.Values.clusterDomain -}}
+image: "{{ $r.image.repository }}:{{ $r.image.tag }}"
+imagePullPolicy: {{ $r.image.pullPolicy }}
+command: ["sh", "/scripts/start-redis.sh"]
+args:
+  - --port
+  - {{ $r.port | quote }}
+  - --dir
+  - /data
+  - --appendonly
+  - "yes"
+  - --appendfsync
+  - {{ $r.appendfsync | quote }}
+  - --maxmemory-policy
+  - noeviction
+  {{- if $r.maxmemory }}
+  - --maxmemory
+  - {{ $r.maxmemory | quote }}
+  {{- end }}
+  - --requirepass
+  - $(REDIS_PASSWORD)
+  - --masterauth
+  - $(REDIS_PASSWORD)
+  - --replica-announce-ip
+  - $(POD_FQDN)
+  - --min-replicas-to-write
+  - "1"
+  - --min-replicas-max-lag
+  - {{ $sn.minReplicasMaxLagS | quote }}
+  {{- range $r.extraArgs }}
+  - {{ . | quote }}
+  {{- end }}
+env:
+  - name: POD_NAME
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.name
+  - name: POD_FQDN
+    value: "$(POD_NAME).{{ .service }}.{{ $domain }}"
+  - name: SHARD_INDEX
+    {{- if eq (toString .i) "" }}
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+    {{- else }}
+    value: {{ .i | quote }}
+    {{- end }}
+  - name: SHARD_MASTER
+    value: "{{ include "shardq.shard.fullname" $ }}-$(SHARD_INDEX)"
+  - name: SENTINELS
+    value: {{ include "shardq.sentinel.group" $ | quote }}
+  - name: INITIAL_PRIMARY
+    value: {{ .initialPrimary | quote }}
+  - name: REDIS_PORT
+    value: {{ $r.port | quote }}
+  - name: REDIS_PASSWORD
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "shardq.redis.secretName" $ }}
+        key: {{ $r.auth.existingSecretKey }}
+  # redis-cli (the probe, start-redis.sh asking the sentinels) authenticates from this variable.
+  - name: REDISCLI_AUTH
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "shardq.redis.secretName" $ }}
+        key: {{ $r.auth.existingSecretKey }}
+ports:
+  - name: redis
+    containerPort: {{ $r.port }}
+    protocol: TCP
+startupProbe:
+  tcpSocket:
+    port: redis
+  {{- toYaml $r.startupProbe | nindent 2 }}
+readinessProbe:
+  exec:
+    command: ["sh", "-c", "redis-cli -h 127.0.0.1 -p {{ $r.port }} ping | grep -q PONG"]
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 3
+livenessProbe:
+  tcpSocket:
+    port: redis
+  initialDelaySeconds: 10
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 6
+resources:
+  {{- toYaml $r.resources | nindent 2 }}
+securityContext:
+  {{- toYaml $r.containerSecurityContext | nindent 2 }}
+volumeMounts:
+  - name: data
+    mountPath: /data
+  - name: tmp
+    mountPath: /tmp
+  - name: scripts
+    mountPath: /scripts
+{{- end -}}
+
+{{/* The pods of a shard's Sentinel groups, which reach each other's Redis and sentinel ports. */}}
+{{- define "shardq.sentinel.peers" -}}
+{{- range $c := list "shard" "shard-replica" "sentinel" }}
+- podSelector:
+    matchLabels:
+      {{- include "shardq.selectorLabels" (dict "ctx" $ "component" $c) | nindent 6 }}
+{{- end }}
+{{- end -}}
+
+{{/* shard i's address in the shard map for its loop: its Sentinel group (SHARDQ_SHARD_ID is set before). */}}
+{{- define "shardq.sentinel.loopUrl" -}}
+sentinel://{{ include "shardq.sentinel.group" . }}/{{ include "shardq.shard.fullname" . }}-$(SHARDQ_SHARD_ID)
+{{- end -}}
