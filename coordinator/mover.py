@@ -24,15 +24,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
 from shardq.common.errors import ShardqError
 from shardq.coordinator.errors import SHARD_ADDRESS_ATTR, SHARD_ID_ATTR
 from shardq.coordinator.placement import ShardInfo, ShardMap, TenantMove
+from shardq.coordinator.rebalance import tenant_load
 from shardq.coordinator.router import ShardRedis
-from shardq.coordinator.shardmap import ShardMapStore
+from shardq.coordinator.shardmap import MoverLeaseLost, ShardMapStore
 from shardq.shard.client import ShardClient
 from shardq.shard.models import ShardSettings
 from shardq.shard.moving import ShardSide, copy_started, fence_map
@@ -43,6 +44,17 @@ log = logging.getLogger("shardq.coordinator.mover")
 #: How long the target remembers that a move's counters were added (a re-run within it adds
 #: nothing twice); far longer than any mover run.
 COUNTERS_MARKER_TTL_MS = 7 * 86_400_000
+
+
+class Fence(Protocol):
+    """The mover lease a mover runs under (``coordinator.moverd.MoverLease``)."""
+
+    #: The backend PID of the lease's Postgres session; ``finish_move`` writes only while
+    #: that session still holds the lease.
+    pid: int
+
+    async def check(self) -> bool:
+        """Whether the lease is still held."""
 
 
 class RedisShards:
@@ -129,8 +141,10 @@ class MoveReport:
 class Mover:
     store: ShardMapStore
     shards: RedisShards
-    #: Jobs per take/copy/delete round trip.
-    batch: int = 500
+    #: Jobs per take/copy/delete round trip. Small: a batch is what a killed mover leaves set
+    #: aside (off the queues, not yet on the target) until the next mover picks it up, and
+    #: one batch is one script that blocks a shard's Redis (a copy of 500 took 40-143 ms).
+    batch: int = 100
     #: How long to wait for the tenant's active jobs on the source to finish, in seconds.
     active_wait_s: float = 300.0
     poll_s: float = 0.1
@@ -140,13 +154,24 @@ class Mover:
     #: Tenants moved at the same time.
     parallel: int = 4
     progress: Callable[[MoveReport], None] = field(default=lambda _r: None)
+    #: The mover lease this mover runs under (None: unfenced, a test of the steps alone).
+    lease: Fence | None = None
+    #: Finished moves whose marks the map drops in one change (one version bump)...
+    finish_batch: int = 100
+    #: ...or fewer, once the first of them has waited this long, in seconds.
+    finish_every_s: float = 5.0
+    _to_finish: list[TenantMove] = field(default_factory=list, init=False)
+    _first_pending: float = field(default=0.0, init=False)
 
     async def run(self, tenants: Sequence[str] | None = None) -> list[MoveReport]:
         """Carry out the moves in progress (those of ``tenants`` only, if given), up to
-        ``parallel`` at a time: a slot move is one move per tenant on the slot."""
+        ``parallel`` at a time, busiest tenants first: a slot move is one move per tenant on
+        the slot. The map drops the marks of finished moves in batches (one version each)."""
         smap = await self.store.load()
         moves = [m for t, m in sorted(smap.moves.items()) if tenants is None or t in tenants]
+        moves = await self._busiest_first(moves, smap)
         gate = asyncio.Semaphore(self.parallel)
+        self._to_finish, self._first_pending = [], 0.0
 
         async def one(move: TenantMove) -> MoveReport:
             async with gate:
@@ -154,11 +179,45 @@ class Mover:
 
         # Every move runs to its end or its error: a shard that cannot be reached stops the
         # moves that need it, not the others (each is resumable where it stopped).
-        results = await asyncio.gather(*(one(m) for m in moves), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(one(m) for m in moves), return_exceptions=True)
+        finally:
+            if self._to_finish:
+                await self._flush_finished()
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise MovesFailed(moves, results)
         return [r for r in results if isinstance(r, MoveReport)]
+
+    async def _busiest_first(self, moves: list[TenantMove], smap: ShardMap) -> list[TenantMove]:
+        """``moves`` with the busiest tenants (rebalance's load: rate and backlog) first: they
+        have the most due work and the most to copy. A source that cannot be read leaves its
+        moves in name order, after the others (the move itself then reports the shard)."""
+        loads: dict[str, float] = {}
+        for shard_id in sorted({m.from_shard_id for m in moves}):
+            try:
+                found = await self.shards.client(smap.shards[shard_id]).tenant_loads()
+            except (RedisError, OSError):
+                continue
+            loads.update({t: tenant_load(load) for t, load in found.items()})
+        return sorted(moves, key=lambda m: -loads.get(m.tenant_id, -1.0))
+
+    async def _finish(self, move: TenantMove) -> None:
+        """Drop ``move``'s mark, with those of the moves finished about the same time: one map
+        version per ``finish_batch`` moves or ``finish_every_s`` (311 reloads of the map on
+        every replica for one ``shards add`` before)."""
+        if self.lease is not None and not await self.lease.check():
+            raise MoverLeaseLost("the mover lease was lost: another mover runs the moves now")
+        if not self._to_finish:
+            self._first_pending = time.monotonic()
+        self._to_finish.append(move)
+        waited = time.monotonic() - self._first_pending
+        if len(self._to_finish) >= self.finish_batch or waited >= self.finish_every_s:
+            await self._flush_finished()
+
+    async def _flush_finished(self) -> None:
+        batch, self._to_finish = self._to_finish, []
+        await self.store.finish_moves(batch, self.lease.pid if self.lease else None)
 
     async def move(self, move: TenantMove, smap: ShardMap) -> MoveReport:
         started = time.monotonic()
@@ -196,7 +255,7 @@ class Mover:
                 return report
             await asyncio.sleep(self.poll_s)
         await self._add_counters(move, src, dst)
-        await self.store.finish_move(move)
+        await self._finish(move)
         report.finished, report.waiting_for = True, ""
         report.seconds = time.monotonic() - started
         self.progress(report)
@@ -209,7 +268,10 @@ class Mover:
     async def _add_counters(move: TenantMove, src: ShardSide, dst: ShardSide) -> None:
         counters = await src.set_aside_counters()
         if counters:
-            await dst.add_counters(str(move.started_at_ms), counters, COUNTERS_MARKER_TTL_MS)
+            sample = await src.load_sample()
+            await dst.add_counters(
+                str(move.started_at_ms), counters, COUNTERS_MARKER_TTL_MS, sample
+            )
             await src.forget_counters()
 
     async def _copy_taken(self, src: ShardSide, dst: ShardSide, report: MoveReport) -> None:

@@ -44,6 +44,9 @@ class TenantMove:
     from_shard_id: int
     to_shard_id: int
     started_at_ms: int
+    #: The map version the change that recorded this move committed as (0: unknown, a move
+    #: recorded before moves carried it): the moves of one command share it.
+    change_version: int = 0
 
 
 def _frozen(mapping: Mapping[K, V]) -> Mapping[K, V]:

@@ -52,16 +52,24 @@ def plan(
     loads: Mapping[int, Mapping[str, TenantLoad]],
     tolerance: float = 0.1,
     max_steps: int = 64,
+    *,
+    repin: bool = False,
 ) -> Plan:
-    """Slot moves and pins that even out ``loads`` (shard -> tenant -> load) under ``smap``."""
-    return _Planner(smap, loads).run(tolerance, max_steps)
+    """Slot moves and pins that even out ``loads`` (shard -> tenant -> load) under ``smap``.
+
+    A tenant an operator pinned stays where it is pinned (its load counts there) unless
+    ``repin``: then the plan may pin it elsewhere."""
+    return _Planner(smap, loads, repin).run(tolerance, max_steps)
 
 
 Unit = tuple[float, str, int | str]
 
 
 class _Planner:
-    def __init__(self, smap: ShardMap, loads: Mapping[int, Mapping[str, TenantLoad]]) -> None:
+    def __init__(
+        self, smap: ShardMap, loads: Mapping[int, Mapping[str, TenantLoad]], repin: bool
+    ) -> None:
+        self.repin = repin
         self.active = sorted(s for s, info in smap.shards.items() if info.effective_weight > 0)
         self.weight: dict[str, float] = defaultdict(float)
         for per_tenant in loads.values():
@@ -107,7 +115,7 @@ class _Planner:
         candidates += [
             (abs(gap - 2 * self.weight[t]), "pin", t)
             for t, s in self.pinned.items()
-            if s == hot and self.weight.get(t, 0) > 0
+            if s == hot and self.weight.get(t, 0) > 0 and (self.repin or t in self.out.pins)
         ]
         fits = [c for c in candidates if 0 < self._load_of(c) < gap]
         return min(fits, key=lambda c: (c[0], c[1] == "pin"), default=None)

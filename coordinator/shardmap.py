@@ -33,11 +33,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from shardq.common import validation
 from shardq.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from shardq.common.placement import SHARD_STATES, SLOT_COUNT, slot_of
+from shardq.common.redis import is_sentinel, parse_sentinel
 from shardq.coordinator.placement import ShardInfo, ShardMap, TenantMove, balance_slots
 from shardq.coordinator.shardcheck import AddressChange
 from shardq.store import db
 
 log = logging.getLogger("shardq.coordinator.shardmap")
+
+#: The mover lease's advisory-lock key (``coordinator.moverd``; one per database): "sqmv" in
+#: ASCII, below 2**31 so that ``pg_locks`` shows it as ``classid = 0, objid = LEASE_KEY``.
+LEASE_KEY = 0x73716D76
 
 #: What reaching a shard's Redis can raise: it is down, or not Redis at all.
 SHARD_ERRORS = (RedisError, OSError, TimeoutError)
@@ -59,6 +64,12 @@ def _check_address(address: object, index: int, field: str = "") -> str:
     field = field or f"addresses[{index}]"
     if not isinstance(address, str):
         raise InvalidArgument("must be a host:port string", field=field)
+    if is_sentinel(address):  # a Sentinel group that names the shard's primary
+        try:
+            parse_sentinel(address)
+        except InvalidArgument as exc:
+            raise InvalidArgument(exc.message, field=field) from None
+        return address
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise InvalidArgument(f"{address!r} is not host:port", field=field)
@@ -69,12 +80,19 @@ def _check_weight(weight: object, field: str) -> int:
     return validation.int_in_range(weight, 0, 1_000_000, field)
 
 
+class MoverLeaseLost(FailedPrecondition):
+    """A move was to be finished by a mover whose lease another mover has taken since."""
+
+
 class Preview(Exception):
     """Raised (and rolled back) by a change made with ``ShardMapStore.preview`` set."""
 
-    def __init__(self, after: ShardMap) -> None:
+    def __init__(self, after: ShardMap, before: ShardMap | None = None) -> None:
         super().__init__(f"preview of map version {after.version}")
         self.after = after
+        #: The map the change started from (read under the version lock): what ``after`` is
+        #: to be compared with, also when another change committed since the caller's read.
+        self.before = before
 
 
 class AddressChecks(Protocol):
@@ -440,10 +458,14 @@ class ShardMapStore:
                 await self._write_pin(conn, validation.tenant_id(tenant), shard_id)
             return await self._commit(conn, version, bool(changes or new_pins), before, fenced)
 
-    async def finish_move(self, move: TenantMove) -> bool:
+    async def finish_move(self, move: TenantMove, lease_pid: int | None = None) -> bool:
         """Drop ``move``'s in-progress mark (its source holds nothing of the tenant any more);
-        False when the mark was already gone."""
+        False when the mark was already gone. ``lease_pid``: only while that Postgres session
+        holds the mover lease (``coordinator.moverd``), checked in the same transaction, so a
+        mover that lost its lease cannot end a move another mover now runs."""
         async with self._changing() as (conn, version, _):
+            if lease_pid is not None and not await self._holds_lease(conn, lease_pid):
+                raise MoverLeaseLost(f"the mover lease is no longer held by session {lease_pid}")
             deleted = await conn.execute(
                 sa.delete(db.moves).where(
                     db.moves.c.tenant_id == move.tenant_id,
@@ -455,6 +477,40 @@ class ShardMapStore:
                 return False
             await self._bump(conn, version)
             return True
+
+    async def finish_moves(self, moves: Sequence[TenantMove], lease_pid: int | None = None) -> int:
+        """``finish_move`` for many moves in one change: one version bump for them all (none
+        when every mark was gone already); how many marks were dropped."""
+        if not moves:
+            return 0
+        async with self._changing() as (conn, version, _):
+            if lease_pid is not None and not await self._holds_lease(conn, lease_pid):
+                raise MoverLeaseLost(f"the mover lease is no longer held by session {lease_pid}")
+            dropped = 0
+            for move in moves:
+                deleted = await conn.execute(
+                    sa.delete(db.moves).where(
+                        db.moves.c.tenant_id == move.tenant_id,
+                        db.moves.c.from_shard_id == move.from_shard_id,
+                        db.moves.c.to_shard_id == move.to_shard_id,
+                    )
+                )
+                dropped += deleted.rowcount
+            if dropped:
+                await self._bump(conn, version)
+            return dropped
+
+    @staticmethod
+    async def _holds_lease(conn: AsyncConnection, pid: int) -> bool:
+        found = await conn.scalar(
+            sa.text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND classid = 0 AND objid = :key AND objsubid = 1 AND pid = :pid"
+            ),
+            {"key": LEASE_KEY, "pid": pid},
+        )
+        return bool(found)
 
     # -- inside a changing transaction --------------------------------------------------------
 
@@ -506,8 +562,11 @@ class ShardMapStore:
             for tenant in await self._directory.tenants(info):
                 target = after.placed_on(tenant)
                 if target != shard_id and tenant not in before.moves:
+                    # The version this change commits as names the change: its command
+                    # acts on these moves only (``moves_of_change``).
                     rows.append({"tenant_id": tenant, "from_shard_id": shard_id,
-                                 "to_shard_id": target})  # fmt: skip
+                                 "to_shard_id": target,
+                                 "change_version": version + 1})  # fmt: skip
         if rows:
             await conn.execute(pg_insert(db.moves).values(rows).on_conflict_do_nothing())
 
@@ -548,7 +607,7 @@ class ShardMapStore:
         if self.preview:
             after = await self._read(conn, version + 1)
             assert after is not None
-            raise Preview(after)
+            raise Preview(after, before)
         if self._checks is not None:
             # Last, so a change refused on the way leaves no marker behind.
             for change in self._to_mark:
@@ -631,6 +690,7 @@ class ShardMapStore:
                 r.from_shard_id,
                 r.to_shard_id,
                 int(r.started_at.timestamp() * 1000),
+                int(r.change_version or 0),
             )
             for r in (await conn.execute(sa.select(db.moves))).all()
         }

@@ -174,6 +174,11 @@ class ShardSide:
         raw = await self._r.hgetall(self.keys.moved_counts(self.tenant))
         return {k.decode(): int(v) for k, v in raw.items()}
 
+    async def load_sample(self) -> bytes:
+        """The shard loop's last load sample of the tenant here (JSON), b"" for none."""
+        raw = await self._r.hget(self.keys.load(), self.tenant)
+        return bytes(raw) if raw is not None else b""
+
     async def forget_counters(self) -> None:
         await self._r.delete(self.keys.moved_counts(self.tenant))
 
@@ -204,13 +209,16 @@ class ShardSide:
         a, b, c = await self._run("move_in", args)
         return int(a), int(b), int(c)
 
-    async def add_counters(self, move_id: str, counters: dict[str, int], ttl_ms: int) -> bool:
-        """Add the source's counters once per ``move_id``; False if they were added before."""
+    async def add_counters(
+        self, move_id: str, counters: dict[str, int], ttl_ms: int, sample: bytes = b""
+    ) -> bool:
+        """Add the source's counters once per ``move_id``, and take on its load ``sample``
+        (``load_sample``: its rates count here from the start); False if added before."""
         pairs = [x for name in MOVED_COUNTERS if counters.get(name)
                  for x in (name, counters[name])]  # fmt: skip
         marker = self.keys.moved_in(self.tenant, move_id)
         added = await self.shard._run(
-            "move_counters", [marker, self.keys.load()], [self.tenant, ttl_ms, *pairs]
+            "move_counters", [marker, self.keys.load()], [self.tenant, ttl_ms, sample, *pairs]
         )
         return bool(int(added))
 

@@ -17,13 +17,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 import pytest
 from redis.asyncio import Redis
 
-from shardq.client import AsyncClient, job_spec
+from shardq.client import AsyncClient, Job, JobState, job_spec
 from shardq.coordinator import cli
 from shardq.coordinator.server import build_server
 from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
@@ -72,7 +73,11 @@ async def keys_of(cluster: Cluster, shard_id: int, tenant: str) -> list[str]:
 async def submit_batches(client: AsyncClient, specs: Sequence[common_pb2.JobSpec]) -> None:
     for i in range(0, len(specs), 1000):
         items = await client.submit_many(specs[i : i + 1000])
-        assert not [it for it in items if it.HasField("error")]
+        assert not [it for it in items if it.error is not None]
+
+
+def at_ms(unix_ms: int) -> datetime:
+    return datetime.fromtimestamp(unix_ms / 1000, UTC)
 
 
 async def wait_moves_done(cluster: Cluster, timeout_s: float = 10) -> None:
@@ -89,9 +94,9 @@ async def test_reads_writes_and_dedupe_span_both_sides_while_a_tenant_moves(
         tenant = tenant_on(cluster, 0)
         c = await cluster.client(tenant)
         a1 = await c.submit("test.work", {"n": 1}, request_id="a1")
-        a2 = await c.submit("test.work", {"n": 2}, request_id="a2", delay_ms=3_600_000)
-        a3 = await c.submit("test.work", {"n": 3}, request_id="a3", delay_ms=3_600_000)
-        await c.create_schedule("S1", "0 * * * *", job_spec("test.work", {"n": 0}))
+        a2 = await c.submit("test.work", {"n": 2}, request_id="a2", delay=3600)
+        a3 = await c.submit("test.work", {"n": 3}, request_id="a3", delay=3600)
+        await c.schedule("S1", "0 * * * *", "test.work", {"n": 0})
         assert a1.job.shard_id == 0
 
         assert await run_cli(cluster, "tenants", "move", tenant, "1", "--no-move") == 0
@@ -108,10 +113,10 @@ async def test_reads_writes_and_dedupe_span_both_sides_while_a_tenant_moves(
         assert n1.job.shard_id == 1  # new work goes to the target
 
         assert (await c.get(a1.job_id)).shard_id == 0
-        assert (await c.cancel(a3.job_id)).state == common_pb2.JOB_STATE_CANCELLED
-        ready = [j.job_id for j in await list_all(c, common_pb2.JOB_STATE_READY)]
+        assert (await c.cancel(a3.job_id)).state == JobState.CANCELLED
+        ready = [j.job_id for j in await list_all(c, JobState.READY)]
         assert sorted(ready) == sorted([a1.job_id, n1.job_id])
-        scheduled = await list_all(c, common_pb2.JOB_STATE_SCHEDULED)
+        scheduled = await list_all(c, JobState.SCHEDULED)
         assert [j.job_id for j in scheduled] == [a2.job_id]
         assert (await c.tenant_stats()).submitted_total == 4
         assert [s.schedule_id for s in await c.list_schedules()] == ["S1"]
@@ -121,7 +126,7 @@ async def test_reads_writes_and_dedupe_span_both_sides_while_a_tenant_moves(
         assert await keys_of(cluster, 0, tenant) == []
         for job_id in (a1.job_id, a2.job_id, a3.job_id, n1.job_id):
             assert (await c.get(job_id)).shard_id == 1
-        assert (await c.get(a3.job_id)).state == common_pb2.JOB_STATE_CANCELLED
+        assert (await c.get(a3.job_id)).state == JobState.CANCELLED
         after = await c.submit("test.work", {"n": 1}, request_id="a1")
         assert (after.job_id, after.deduplicated) == (a1.job_id, True)
         stats = await c.tenant_stats()
@@ -163,7 +168,7 @@ async def test_a_coordinator_that_missed_the_move_is_refused_by_the_source_and_r
                 late = await rc.submit("test.work", {}, request_id="late")
                 assert late.job.shard_id == 1
                 items = await rc.submit_many([job_spec("test.work", {}, request_id="many")])
-                assert (await c.get(items[0].job_id)).shard_id == 1
+                assert (await c.get(str(items[0].job_id))).shard_id == 1
                 again = await rc.submit("test.work", {}, request_id="before")
                 assert (again.job_id, again.deduplicated) == (first.job_id, True)
             assert replica.coordinator.shard_map.version > stale
@@ -174,15 +179,14 @@ async def test_a_coordinator_that_missed_the_move_is_refused_by_the_source_and_r
         assert await keys_of(cluster, 0, tenant) == []
 
 
-async def list_all(
-    c: AsyncClient, state: common_pb2.JobState.ValueType, page_size: int = 1
-) -> list[common_pb2.Job]:
+async def list_all(c: AsyncClient, state: JobState, page_size: int = 1) -> list[Job]:
     """Every job of a state, page by page (pages of 1 cross from one side of a move to the
     other mid-listing)."""
-    out, token = [], ""
+    out: list[Job] = []
+    token = ""
     while True:
         page = await c.list_jobs(state, page_size=page_size, page_token=token)
-        out += list(page.jobs)
+        out += list(page.items)
         token = page.next_page_token
         if not token:
             return out
@@ -215,7 +219,7 @@ async def moved_under_load(cluster: Cluster, database_url: str) -> None:
     # tenant moves.
     start = int(time.time() * 1000) + 1_500 + SCHEDULED * 3 // 20
     run_at = {f"s{i}": start + i * 1000 // DUE_PER_S for i in range(SCHEDULED)}
-    await submit_batches(c, [job_spec("test.work", {}, request_id=rid, run_at_ms=at)
+    await submit_batches(c, [job_spec("test.work", {}, request_id=rid, run_at=at_ms(at))
                              for rid, at in run_at.items()])  # fmt: skip
     await submit_batches(c, [job_spec("test.work", {}, request_id=f"r{i}") for i in range(READY)])
     produced: list[str] = []
@@ -292,7 +296,8 @@ async def test_a_mover_killed_half_way_is_run_again_with_the_same_outcome(
         c = await cluster.client(tenant)
         far = int(time.time() * 1000) + 3_600_000
         await submit_batches(c, [job_spec("test.work", {"n": i}, request_id=f"s{i}",
-                                          run_at_ms=far + i) for i in range(20_000)])  # fmt: skip
+                                          run_at=at_ms(far + i))
+                                 for i in range(20_000)])  # fmt: skip
         await submit_batches(c, [job_spec("test.work", {"n": i}, request_id=f"r{i}")
                                  for i in range(2_000)])  # fmt: skip
         before = {j.job_id for j in await all_jobs(c)}
@@ -340,8 +345,8 @@ def start_process(*args: str) -> subprocess.Popen[bytes]:
     )
 
 
-async def all_jobs(c: AsyncClient) -> list[common_pb2.Job]:
-    states = (common_pb2.JOB_STATE_SCHEDULED, common_pb2.JOB_STATE_READY)
+async def all_jobs(c: AsyncClient) -> list[Job]:
+    states = (JobState.SCHEDULED, JobState.READY)
     return [j for state in states for j in await list_all(c, state, page_size=1000)]
 
 
@@ -411,11 +416,14 @@ async def test_a_third_shard_added_under_load_takes_slots_and_rebalance_evens_th
 def shard_loads(table: str) -> dict[str, list[float]]:
     """The LOAD NOW / LOAD AFTER columns of the rebalance table."""
     now, after = [], []
-    for line in table.splitlines():
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("SHARD  LOAD NOW")) + 1
+    for line in lines[start:]:
         parts = line.split()
-        if len(parts) == 3 and parts[0].isdigit():
-            now.append(float(parts[1]))
-            after.append(float(parts[2]))
+        if len(parts) != 3 or not parts[0].isdigit():
+            break  # the table ends; what follows (the moves and "N moves done") is not it
+        now.append(float(parts[1]))
+        after.append(float(parts[2]))
     return {"now": now, "after": after}
 
 

@@ -4,11 +4,19 @@ runs them; ``moves run`` resumes what was interrupted)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from shardq.coordinator.cli.command import CommandError, Commands, arg
-from shardq.coordinator.cli.ops.database import engine_for
-from shardq.coordinator.cli.ops.placement import PLACEMENT_ARGS, placement_store, run_moves
+from shardq.coordinator.cli.ops.database import database_url, engine_for
+from shardq.coordinator.cli.ops.placement import (
+    PLACEMENT_ARGS,
+    placement_store,
+    run_or_watch,
+    settle,
+)
 from shardq.coordinator.cli.terminal import confirm, print_json, print_table, when
+from shardq.coordinator.moverd import lease_holder
+from shardq.coordinator.placement import ShardMap, TenantMove
 from shardq.coordinator.shardmap import ShardMapStore
 
 commands = Commands("database", groups={"moves": "tenant moves in progress"})
@@ -23,14 +31,18 @@ commands = Commands("database", groups={"moves": "tenant moves in progress"})
 async def moves_list(args: argparse.Namespace) -> int:
     async with engine_for(args) as engine:
         smap = await ShardMapStore(engine).load()
-    rows = [(m.tenant_id, m.from_shard_id, m.to_shard_id, when(m.started_at_ms))
-            for _, m in sorted(smap.moves.items())]  # fmt: skip
+    holder = await lease_holder(database_url(args))
+    rows = [(m.tenant_id, m.from_shard_id, m.to_shard_id, when(m.started_at_ms),
+             m.change_version or "-") for _, m in sorted(smap.moves.items())]  # fmt: skip
     if args.json:
-        print_json(
-            [dict(zip(("tenant_id", "from", "to", "started"), r, strict=True)) for r in rows]
-        )
+        names = ("tenant_id", "from", "to", "started", "change")
+        print_json([dict(zip(names, r, strict=True)) for r in rows])
     else:
-        print_table(["TENANT", "FROM", "TO", "STARTED"], rows)
+        print_table(["TENANT", "FROM", "TO", "STARTED", "CHANGE"], rows)
+        if rows:
+            # Who runs them: the holder of the mover lease (coordinator.moverd), if anyone.
+            print(f"mover: {holder.name}" if holder else
+                  "mover: none (no coordinator runs moves: `shardq moves run`)")  # fmt: skip
     return 0
 
 
@@ -43,15 +55,35 @@ async def moves_list(args: argparse.Namespace) -> int:
 async def moves_run(args: argparse.Namespace) -> int:
     async with placement_store(args) as (store, mover):
         smap = await store.load()
-        tenants = args.tenant_id or sorted(smap.moves)
-        unknown = [t for t in tenants if t not in smap.moves]
-        if unknown:
-            raise CommandError(f"no move in progress for {', '.join(unknown)}")
-        if not tenants:
+        moves = _chosen(smap, args.tenant_id)
+        if not moves:
             print("no moves in progress")
             return 0
         args.no_move = False
-        return await run_moves(args, mover, smap, tenants)
+        return await settle(args, store, mover, moves, run_here=True)
+
+
+def _chosen(smap: ShardMap, tenants: Sequence[str]) -> dict[str, TenantMove]:
+    unknown = [t for t in tenants if t not in smap.moves]
+    if unknown:
+        raise CommandError(f"no move in progress for {', '.join(unknown)}")
+    return {t: m for t, m in sorted(smap.moves.items()) if not tenants or t in tenants}
+
+
+@commands.add(
+    "moves",
+    "wait",
+    help="watch the moves in progress (all, or these tenants') until they are done; the "
+    "coordinators' mover runs them (or this command, when none does)",
+    args=(arg("tenant_id", nargs="*"), *PLACEMENT_ARGS),
+)
+async def moves_wait(args: argparse.Namespace) -> int:
+    async with placement_store(args) as (store, mover):
+        moves = _chosen(await store.load(), args.tenant_id)
+        if not moves:
+            print("no moves in progress")
+            return 0
+        return await run_or_watch(database_url(args), store, mover, moves)
 
 
 @commands.add(

@@ -5,8 +5,11 @@ and the live moves of the tenants the change relocates."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,7 +17,7 @@ from redis.exceptions import RedisError
 
 from shardq.common import config
 from shardq.coordinator.cli.command import CommandError, arg
-from shardq.coordinator.cli.ops.database import engine_for
+from shardq.coordinator.cli.ops.database import database_url, engine_for
 from shardq.coordinator.cli.ops.render import describe_change
 from shardq.coordinator.cli.terminal import confirm, plural
 from shardq.coordinator.errors import SHARD_ID_ATTR
@@ -25,7 +28,8 @@ from shardq.coordinator.mover import (
     RedisShards,
     describe_shard_error,
 )
-from shardq.coordinator.placement import ShardMap
+from shardq.coordinator.moverd import MoverLease, lease_holder, run_under_lease
+from shardq.coordinator.placement import ShardMap, TenantMove
 from shardq.coordinator.shardcheck import ShardChecker
 from shardq.coordinator.shardmap import Preview, ShardMapStore
 from shardq.shard.models import ShardSettings
@@ -33,8 +37,18 @@ from shardq.shard.models import ShardSettings
 PLACEMENT_ARGS = (
     config.add_redis_password,
     config.add_key_prefix,
+    config.add_shard_durability,
     arg("--yes", "-y", action="store_true", help="do it without asking"),
-    arg("--no-move", action="store_true", help="record the moves, do not run them now"),
+    arg(
+        "--no-move",
+        action="store_true",
+        help="record the moves and return: the coordinators' mover runs them",
+    ),
+    arg(
+        "--wait",
+        action="store_true",
+        help="watch this change's moves until done (run them here if no coordinator runs moves)",
+    ),
     arg(
         "--map-only",
         action="store_true",
@@ -65,12 +79,20 @@ def checker_for(args: argparse.Namespace) -> ShardChecker | None:
     """The address checks a command makes, None with ``--skip-checks``."""
     if getattr(args, "skip_checks", False):
         return None
-    return ShardChecker(args.redis_password, ShardSettings(key_prefix=args.key_prefix))
+    return ShardChecker(args.redis_password, shard_settings(args))
+
+
+def shard_settings(args: argparse.Namespace) -> ShardSettings:
+    """The shard settings of an operator command: its key prefix, and the durability it asks
+    for (``--shard-replicas-to-ack``) where it takes that flag."""
+    if not hasattr(args, "shard_replicas_to_ack"):
+        return ShardSettings(key_prefix=args.key_prefix)
+    return ShardSettings(key_prefix=args.key_prefix, durability=config.durability(args))
 
 
 @asynccontextmanager
 async def placement_store(args: argparse.Namespace) -> AsyncIterator[tuple[ShardMapStore, Mover]]:
-    settings = ShardSettings(key_prefix=args.key_prefix)
+    settings = shard_settings(args)
     shards = RedisShards(args.redis_password, settings)
     try:
         async with engine_for(args) as engine:
@@ -98,7 +120,8 @@ def _print_progress(r: MoveReport) -> None:
 async def change_placement(
     args: argparse.Namespace, change: Callable[[ShardMapStore], Awaitable[Any]]
 ) -> int:
-    """Show what ``change`` would do (its moves included), ask, do it, then run its moves."""
+    """Show what ``change`` would do (its moves included), ask, do it, then see its moves (and
+    only its moves) through (:func:`settle`)."""
     async with placement_store(args) as (store, mover):
         before = await store.load()
         store.preview = True
@@ -106,7 +129,9 @@ async def change_placement(
             await change(store)
             after = before
         except Preview as preview:
-            after = preview.after
+            # Compared with the map the change started from: another command's change
+            # committed since ``before`` was read is not this one's to show.
+            before, after = preview.before or before, preview.after
         finally:
             store.preview = False
         lines = describe_change(before, after)
@@ -117,28 +142,96 @@ async def change_placement(
         if not confirm(args):
             print("nothing changed")
             return 1
-        await change(store)
+        result = await change(store)
         smap = await store.load()
-        print(f"shard map version {before.version} -> {smap.version}")
-        return await run_moves(args, mover, smap, [t for t in smap.moves if t not in before.moves])
+        version = result.version if isinstance(result, ShardMap) else smap.version
+        print(f"shard map version {version - 1} -> {version}")
+        return await settle(args, store, mover, moves_of_change(smap, version))
 
 
-async def run_moves(
-    args: argparse.Namespace, mover: Mover, smap: ShardMap, tenants: Sequence[str]
+def moves_of_change(smap: ShardMap, version: int) -> dict[str, TenantMove]:
+    """The moves the change that committed as map ``version`` recorded (and not yet done)."""
+    return {t: m for t, m in sorted(smap.moves.items()) if m.change_version == version}
+
+
+async def settle(
+    args: argparse.Namespace,
+    store: ShardMapStore,
+    mover: Mover,
+    moves: Mapping[str, TenantMove],
+    *,
+    run_here: bool = False,
 ) -> int:
-    """Move ``tenants`` now (unless ``--no-move``); 1 when any is left unfinished."""
-    if not tenants:
+    """See ``moves`` (one command's) through: the cluster's mover runs them (``--wait``:
+    watch until done), or, when no mover runs, this command does; 1 when any is left.
+
+    Moves of other changes pending meanwhile are named, never run or waited for here.
+    ``run_here`` (``moves run``): run them here whenever the lease is free."""
+    smap = await store.load()
+    others = sorted(t for t in smap.moves if t not in moves)
+    if others:
+        print(f"{plural(len(others), 'other move')} in progress, not this command's "
+              f"({_names(others)}): `shardq moves list`")  # fmt: skip
+    if not moves:
         return 0
     if getattr(args, "no_move", False):
-        print(f"{plural(len(tenants), 'move')} recorded; run them with `shardq moves run`")
+        print(f"{plural(len(moves), 'move')} recorded; the coordinators' mover runs them "
+              f"(`shardq moves wait {_names(list(moves), ' ')}` watches)")  # fmt: skip
         return 0
-    moving = plural(len(tenants), "tenant")
-    print(f"moving {moving} (interrupt any time: `shardq moves run` resumes)")
-    reports = await mover.run(tenants)
-    left = [r for r in reports if not r.finished]
-    for r in left:
-        print(f"  {r.tenant}: not finished, waiting for {r.waiting_for}", file=sys.stderr)
-    return 1 if left else 0
+    dsn = database_url(args)
+    holder = await lease_holder(dsn)
+    if holder is not None and not getattr(args, "wait", False) and not run_here:
+        watch = f"`shardq moves wait {_names(list(moves), ' ')}`"
+        print(f"{plural(len(moves), 'move')} recorded: the cluster's mover ({holder.name}) runs "
+              f"them; watch with {watch} (or `--wait`)")  # fmt: skip
+        return 0
+    return await run_or_watch(dsn, store, mover, moves)
+
+
+def _names(tenants: Sequence[str], sep: str = ", ") -> str:
+    return sep.join(tenants[:5]) + (f"{sep}..." if len(tenants) > 5 else "")
+
+
+async def run_or_watch(
+    dsn: str, store: ShardMapStore, mover: Mover, moves: Mapping[str, TenantMove]
+) -> int:
+    """Until ``moves`` are done: run them here while the mover lease is free, else watch the
+    mover that holds it (a coordinator, or another command running its own moves)."""
+    lease = MoverLease(dsn, f"shardq cli {socket.gethostname()}:{os.getpid()}")
+    total, shown_holder, shown_left = len(moves), "", -1
+    while True:
+        smap = await store.load()
+        left = [t for t, m in moves.items() if smap.moves.get(t) == m]
+        if not left:
+            print(f"{plural(total, 'move')} done")
+            return 0
+        if not await lease_holder(dsn):
+            resumes = "the coordinators' mover, or `shardq moves run`, resumes"
+            print(f"moving {plural(len(left), 'tenant')} here (interrupt any time: {resumes})",
+                  flush=True)  # fmt: skip
+            reports = await run_under_lease(mover, lease, left)
+            if reports is not None:
+                unfinished = [r for r in reports if not r.finished]
+                for r in unfinished:
+                    print(f"  {r.tenant}: not finished, waiting for {r.waiting_for}",
+                          file=sys.stderr)  # fmt: skip
+                if unfinished:
+                    return 1
+                continue
+        holder = await lease_holder(dsn)
+        if holder is not None and holder.name != shown_holder:
+            shown_holder = holder.name
+            print(f"{holder.name} holds the mover lease and runs the moves; waiting for "
+                  f"{plural(len(left), 'move')} of this command (interrupting stops the "
+                  "waiting, not the moves)", flush=True)  # fmt: skip
+        if len(left) != shown_left:
+            shown_left = len(left)
+            print(f"  {total - len(left)}/{total} moves done", flush=True)
+        await asyncio.sleep(WATCH_POLL_S)
+
+
+#: How often a command watching moves reads the map, in seconds.
+WATCH_POLL_S = 0.5
 
 
 async def pin(args: argparse.Namespace) -> int:

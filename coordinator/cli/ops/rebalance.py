@@ -6,7 +6,12 @@ import argparse
 
 from shardq.coordinator import rebalance
 from shardq.coordinator.cli.command import CommandError, Commands, arg
-from shardq.coordinator.cli.ops.placement import PLACEMENT_ARGS, placement_store, run_moves
+from shardq.coordinator.cli.ops.placement import (
+    PLACEMENT_ARGS,
+    moves_of_change,
+    placement_store,
+    settle,
+)
 from shardq.coordinator.cli.terminal import confirm, print_table
 
 commands = Commands("database")
@@ -19,6 +24,11 @@ commands = Commands("database")
         arg("--plan", action="store_true", help="show the plan and change nothing"),
         arg("--apply", action="store_true", help="make the plan's changes (asks unless --yes)"),
         arg("--tolerance", type=float, default=0.1, help="stop within this share of the mean"),
+        arg(
+            "--repin",
+            action="store_true",
+            help="let the plan move tenants pinned before (kept where pinned without it)",
+        ),
         *PLACEMENT_ARGS,
     ),
 )
@@ -29,7 +39,7 @@ async def rebalance_cmd(args: argparse.Namespace) -> int:
         smap = await store.load()
         loads = {sid: await mover.shards.client(info).tenant_loads()
                  for sid, info in sorted(smap.shards.items())}  # fmt: skip
-        the_plan = rebalance.plan(smap, loads, args.tolerance)
+        the_plan = rebalance.plan(smap, loads, args.tolerance, repin=args.repin)
         print_table(
             ["SHARD", "LOAD NOW", "LOAD AFTER"],
             [(s, f"{the_plan.before.get(s, 0):.1f}", f"{the_plan.after.get(s, 0):.1f}")
@@ -44,7 +54,7 @@ async def rebalance_cmd(args: argparse.Namespace) -> int:
         if not confirm(args):
             print("nothing changed")
             return 1
-        await store.place(the_plan.slot_moves, the_plan.pins)
+        placed = await store.place(the_plan.slot_moves, the_plan.pins)
         after = await store.load()
-        print(f"shard map version {smap.version} -> {after.version}")
-        return await run_moves(args, mover, after, [t for t in after.moves if t not in smap.moves])
+        print(f"shard map version {smap.version} -> {placed.version}")
+        return await settle(args, store, mover, moves_of_change(after, placed.version))

@@ -26,8 +26,9 @@ from shardq.coordinator.shardmap import MapNotInitialized, ShardMapStore
 commands = Commands("database", groups={"shards": "the shard map: shards, weights, slots and pins"})
 
 _ADDRESS_HELP = (
-    "a shard's Redis host:port, once per shard in shard-ID order; or once with {i} in it, "
-    "expanded for each of --shards (e.g. shardq-shard-{i}.shardq-shard:6379)"
+    "a shard's Redis host:port, or its Sentinel group sentinel://h1:26379,h2:26379/MASTER, "
+    "once per shard in shard-ID order; or once with {i} in it, expanded for each of --shards "
+    "(e.g. shardq-shard-{i}.shardq-shard:6379)"
 )
 
 _SHARD_ARGS = (
@@ -69,7 +70,12 @@ async def _load_or_none(store: ShardMapStore) -> ShardMap | None:
     "shards",
     "init",
     help="create the shard map (a no-op if it already matches)",
-    args=(*_SHARD_ARGS, config.add_redis_password, config.add_key_prefix),
+    args=(
+        *_SHARD_ARGS,
+        config.add_redis_password,
+        config.add_key_prefix,
+        config.add_shard_durability,
+    ),
 )
 async def shards_init(args: argparse.Namespace) -> int:
     addresses = shard_addresses(args)
