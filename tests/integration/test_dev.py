@@ -18,24 +18,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-from shardq.client import AsyncClient, RetryPolicy
+from shardq.client import AsyncClient, Job, JobOptions, JobState, RetryPolicy
 from shardq.common.errors import InvalidArgument
 from shardq.coordinator.tokens import TokenStore
 from shardq.coordinator.tools.redis_server import free_port
 from shardq.store.migrate import upgrade
-from shardq.v1 import common_pb2
 from tests.support.postgres import throwaway_database
 from tests.support.procs import ReadyLines
 
 ROOT = Path(__file__).resolve().parents[2]
 SUCCEEDED, DEAD, SCHEDULED = (
-    common_pb2.JOB_STATE_SUCCEEDED,
-    common_pb2.JOB_STATE_DEAD,
-    common_pb2.JOB_STATE_SCHEDULED,
+    JobState.SUCCEEDED,
+    JobState.DEAD,
+    JobState.SCHEDULED,
 )
 
 
@@ -145,8 +145,8 @@ def dev_args(data_dir: Path, port: int, base: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-async def run_every_handler(target: str, token: str) -> dict[str, common_pb2.Job]:
-    submits = {
+async def run_every_handler(target: str, token: str) -> dict[str, Job]:
+    submits: dict[str, tuple[str, dict[str, Any], JobOptions]] = {
         "echo": ("echo", {"hello": "world"}, {}),
         "sleep": ("sleep", {"ms": 200}, {}),
         "flaky": ("flaky", {"fail_times": 2}, {"max_attempts": 5}),
@@ -164,7 +164,7 @@ async def run_every_handler(target: str, token: str) -> dict[str, common_pb2.Job
         )
         out = dict(zip(jobs, finals, strict=True))
         dead = await client.list_dead()
-        assert jobs["fail"] in {j.job_id for j in dead.jobs}
+        assert jobs["fail"] in {j.job_id for j in dead.items}
     return out
 
 
@@ -190,11 +190,11 @@ def test_dev_runs_every_example_handler_and_ctrl_c_leaves_nothing(tmp_path: Path
             jobs = asyncio.run(run_every_handler(f"127.0.0.1:{port}", tenants["demo"]))
             for name in ("echo", "sleep", "flaky", "ledger.add", "priority"):
                 assert jobs[name].state == SUCCEEDED, (name, jobs[name])
-            assert json.loads(jobs["echo"].result) == {"hello": "world"}
+            assert jobs["echo"].result == {"hello": "world"}
             assert jobs["flaky"].attempts == 3
-            assert json.loads(jobs["flaky"].result) == {"succeeded_on_attempt": 3}
+            assert jobs["flaky"].result == {"succeeded_on_attempt": 3}
             assert jobs["fail"].state == DEAD and jobs["fail"].attempts == 3
-            assert "always fails" in jobs["fail"].last_error
+            assert "always fails" in (jobs["fail"].error or "")
             with psycopg.connect(url) as conn:
                 rows = conn.execute("SELECT account, amount FROM shardq_example_ledger").fetchall()
             # The demo running alongside adds its own ledger rows (acct-*): look at ours.
@@ -237,7 +237,7 @@ def test_restart_keeps_results_and_runs_what_was_scheduled(tmp_path: Path) -> No
             done = await client.submit("echo", {"before": "stop"})
             final = await asyncio.wait_for(client.wait(done.job_id), 20)
             assert final.state == SUCCEEDED
-            later = await client.submit("echo", {"scheduled": "before stop"}, delay_ms=5_000)
+            later = await client.submit("echo", {"scheduled": "before stop"}, delay=5)
             assert later.job.state == SCHEDULED
             return done.job_id, later.job_id
 
@@ -245,10 +245,10 @@ def test_restart_keeps_results_and_runs_what_was_scheduled(tmp_path: Path) -> No
         async with AsyncClient(target, token, retry=RetryPolicy(attempts=3)) as client:
             done = await client.get(done_id)
             assert done.state == SUCCEEDED
-            assert json.loads(done.result) == {"before": "stop"}
+            assert done.result == {"before": "stop"}
             later = await asyncio.wait_for(client.wait(later_id), 30)
             assert later.state == SUCCEEDED
-            assert json.loads(later.result) == {"scheduled": "before stop"}
+            assert later.result == {"scheduled": "before stop"}
 
     dev = Dev(dev_args(data_dir, port, base))
     try:

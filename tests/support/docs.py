@@ -13,12 +13,14 @@ a fence (blank lines between allowed), say more:
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardq.coordinator.tools.dev.processes import port_is_free
 from shardq.coordinator.tools.redis_server import free_port
 from tests.support.procs import ReadyLines
 
@@ -135,6 +137,22 @@ def output_matches(expected: str, actual: str) -> bool:
     return True
 
 
+#: ``shardq dev``'s default --shards: the Redis ports it takes from --redis-base-port.
+SHARDS_OF_DEV = 2
+
+
+def free_port_run(n: int) -> int:
+    """The first of ``n`` consecutive free ports, below Linux's ephemeral range (32768 up),
+    where no outgoing connection of another process can take one between now and the
+    start (one ephemeral port plus the next was a race: the next was often in use)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32768 - n)
+        if all(port_is_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports in 20000-32767")
+
+
 class DevProcess:
     """``shardq dev`` as the README starts it (its defaults, the embedded Postgres), with HOME
     of its own (so the default data dir is new) and free ports (the machine is shared)."""
@@ -142,8 +160,7 @@ class DevProcess:
     def __init__(self, home: Path, port: int = 0, redis_base_port: int = 0) -> None:
         self.home = home
         self.port = port or free_port()
-        base = redis_base_port or free_port()
-        self.redis_base_port = base if base < 65000 else 20000
+        self.redis_base_port = redis_base_port or free_port_run(SHARDS_OF_DEV)
         self.env = {
             k: v
             for k, v in os.environ.items()

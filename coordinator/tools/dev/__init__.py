@@ -58,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt("--port", 50051, "the coordinator's gRPC port on 127.0.0.1", int)
     opt("--data-dir", str(default_data_dir()), "working folder: Redis AOF, Postgres, tokens, logs")
     opt("--redis-base-port", 6390, "shard i's Redis listens on this port + i", int)
+    opt(
+        "--dashboard-port",
+        8080,
+        "the web dashboard's port on 127.0.0.1 (a free one when it is taken)",
+        int,
+    )
+    parser.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     config.add_database_url(
         parser,
         "Postgres to use (empty: an embedded pgserver in the data dir)",

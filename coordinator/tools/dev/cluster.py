@@ -50,6 +50,8 @@ class DevCluster:
         self.redis: list[RedisProcess] = []
         self.children: list[Child] = []
         self._lock: IO[str] | None = None
+        #: The dashboard's address once started ("" with --no-dashboard).
+        self.dashboard_url = ""
 
     # Processes are started from the main thread only (see start_child).
     def spawn(self, name: str, module: str, env: dict[str, object], ops_port: int = 0) -> Child:
@@ -110,6 +112,7 @@ class DevCluster:
             self._start_coordinator,
             self._start_shard_loops,
             self._start_workers,
+            self._start_dashboard,
             self._wait_until_serving,
             self.write_env_file,
         ]
@@ -213,6 +216,23 @@ class DevCluster:
                 "SHARDQ_METRICS_PORT": port,
             }
             self.spawn(f"worker-{i}", "shardq.worker", env, port)
+
+    def _start_dashboard(self) -> None:
+        """The web dashboard (``shardq dashboard``), on --dashboard-port or, when another
+        program holds that port, on a free one: the ready banner prints its URL."""
+        if self.args.no_dashboard:
+            return
+        port = self.args.dashboard_port
+        if not port_is_free(port):
+            port = free_port()
+        self.dashboard_url = f"http://127.0.0.1:{port}/"
+        env = {
+            "SHARDQ_LOG_LEVEL": self.args.log_level,
+            "SHARDQ_COORDINATOR": self.target,
+            "SHARDQ_DASHBOARD_LISTEN": f"127.0.0.1:{port}",
+        }
+        # ops_port: its /healthz is what _wait_until_serving asks.
+        self.spawn("dashboard", "shardq.coordinator.dashboard", env, port)
 
     def write_env_file(self) -> Path:
         """``<data-dir>/shardq.env``: where this cluster is and its tokens, for the ``shardq``

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from shardq.client import AsyncClient, RetryPolicy
+from shardq.client import AsyncClient, RetryPolicy, TenantStats
 from shardq.coordinator.cli.terminal import plural
 from shardq.coordinator.tools.data_dir import DATA_DIR_VAR, ENV_FILE, default_data_dir
 from shardq.coordinator.tools.dev.cluster import DevCluster
-from shardq.v1 import common_pb2
 
 READY_LINE = "shardq dev ready"
 
@@ -77,6 +76,11 @@ def ready_text(cluster: DevCluster) -> str:
         f"  shards        {', '.join(f'127.0.0.1:{r.port}' for r in cluster.redis)}",
         f"  handlers      {args.handlers}",
         f"  logs          {cluster.logs}/",
+        *(
+            [f"  dashboard     {cluster.dashboard_url}  (log in with a token above)"]
+            if cluster.dashboard_url
+            else []
+        ),
         "",
         f"Submit a job (tenant {tenant}):",
         f'  {sq} submit echo \'{{"hello": "world"}}\' {conn}',
@@ -84,10 +88,9 @@ def ready_text(cluster: DevCluster) -> str:
         "",
         "From Python:",
         "  from shardq import Client",
-        "  from shardq.v1.common_pb2 import JobState",
         f'  with Client("{cluster.target}", token="{token}") as c:',
-        '      job = c.wait(c.submit("flaky", {"fail_times": 2}).job_id)',
-        "      print(JobState.Name(job.state), job.result.decode())",
+        '      job = c.wait(c.submit("flaky", {"fail_times": 2}).job_id, timeout=60)',
+        "      print(job.state.name, job.result)",
         "",
         *env_file_lines(cluster, sq),
         "",
@@ -103,7 +106,7 @@ class Snapshot:
     at: float
     #: per shard: scheduled, ready, active, dead, submitted, completed, failed, tenants
     shards: dict[int, list[int]]
-    tenants: list[common_pb2.TenantStats]
+    tenants: list[TenantStats]
 
     def total(self, column: int) -> int:
         return sum(row[column] for row in self.shards.values())
@@ -113,11 +116,11 @@ COLUMNS = ("scheduled", "ready", "active", "dead", "submitted", "completed", "fa
 
 
 async def snapshot(client: AsyncClient, shard_count: int) -> Snapshot:
-    tenants: list[common_pb2.TenantStats] = []
+    tenants: list[TenantStats] = []
     token = ""
     while True:
         page = await client.list_tenant_stats(page_size=1000, page_token=token)
-        tenants += page.tenants
+        tenants += page.items
         token = page.next_page_token
         if not token:
             break

@@ -1,0 +1,3 @@
+from shardq.coordinator.dashboard.server import main
+
+raise SystemExit(main())

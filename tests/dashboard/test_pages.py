@@ -1,0 +1,59 @@
+"""The dashboard's pieces without a cluster: every template parses, the payload is shown as
+indented JSON and cut where it is large, and the chart series never shows a negative rate."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+from shardq.coordinator.dashboard.app import PAYLOAD_SHOWN_BYTES, _env, pretty_json
+from shardq.coordinator.dashboard.samples import Sample, Samples
+from shardq.coordinator.dashboard.sessions import Session, SessionStore, same
+
+TEMPLATES = sorted(
+    p.name
+    for p in (resources.files("shardq.coordinator.dashboard") / "templates").iterdir()
+    if p.name.endswith(".html")
+)
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_every_template_parses(name: str) -> None:
+    _env().get_template(name)
+
+
+def test_payload_is_indented_and_cut_when_large() -> None:
+    assert pretty_json(b'{"a":[1,2]}') == ('{\n  "a": [\n    1,\n    2\n  ]\n}', False)
+    assert pretty_json(b"") == ("null", False)
+    assert pretty_json(b"not json") == ("not json", False)
+    big = json.dumps({"k": "é" * PAYLOAD_SHOWN_BYTES}).encode()
+    shown, cut = pretty_json(big)
+    assert cut and len(shown.encode()) <= PAYLOAD_SHOWN_BYTES
+
+
+def test_series_rates_and_a_counter_that_went_down() -> None:
+    s = Samples(interval_s=5)
+    s.add(Sample(0.0, 100, 50, 1, 0))
+    s.add(Sample(5.0, 150, 60, 1, 20))
+    s.add(Sample(10.0, 120, 70, 2, 0))  # a tenant moved away: its counters went with it
+    series = s.series()
+    assert series["submitted"] == [10.0, None]
+    assert series["completed"] == [2.0, 2.0]
+    assert series["lateness_ms"] == [20, 0]
+    assert s.ring.maxlen == 3600 // 5 + 1  # one hour, bounded
+
+
+def test_sessions_are_found_by_their_id_only_and_end() -> None:
+    store = SessionStore(idle_s=3600, max_sessions=2)
+    a = store.create(Session(token="sq_a", role="admin", tenant=""))
+    b = store.create(Session(token="sq_b", role="tenant", tenant="acme"))
+    assert store.get(a) is not None and store.get(a).token == "sq_a"  # type: ignore[union-attr]
+    assert store.get("sq_a") is None and store.get("") is None
+    store.get(b)  # b is now the most recent: a third login pushes a out
+    store.create(Session(token="sq_c", role="tenant", tenant="globex"))
+    assert store.get(a) is None and store.get(b) is not None
+    store.drop(b)
+    assert store.get(b) is None
+    assert same("x", "x") and not same("", "") and not same("x", "y")
