@@ -13,10 +13,11 @@ import pytest
 from redis.asyncio import Redis
 
 from shardq.client import JobState, job_spec
+from shardq.coordinator.tools.faults import CuttableProxy
 from shardq.shard import ShardClient
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.handlers import EXECUTIONS, executions_in
-from tests.support.procs import CuttableProxy, start_worker, wait_until_serving
+from tests.support.procs import start_worker, wait_until_serving
 from tests.support.workers import result_rows, running_worker, shard_loops, wait_for_rows
 
 LEASE_MS = 1_000

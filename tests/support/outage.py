@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.support.procs import CuttableProxy
+from shardq.coordinator.tools.faults import CuttableProxy
 
 
 @asynccontextmanager

@@ -4,7 +4,6 @@ a connection to Postgres without stopping the machine's server (other tests shar
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -90,65 +89,6 @@ async def wait_until_serving(w: WorkerProcess, shards: int = 1, timeout_s: float
         assert w.proc.poll() is None, f"worker {w.worker_id} exited with {w.proc.returncode}"
         assert loop.time() < deadline, f"worker {w.worker_id} never got {shards} shard(s): {h}"
         await asyncio.sleep(0.05)
-
-
-class CuttableProxy:
-    """Forwards 127.0.0.1:port to a target; ``cut()`` drops every connection and refuses new
-    ones until ``restore()`` — what a worker sees when its database goes away."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.target = (target_host, target_port)
-        self.port = 0
-        self.cut_off = False
-        self._server: asyncio.Server | None = None
-        self._pipes: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.cut_off:
-            writer.close()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-        self._writers |= {writer, up_writer}
-        for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(src, dst))
-            self._pipes.add(task)
-            task.add_done_callback(self._pipes.discard)
-
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError, asyncio.CancelledError):
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        dst.close()
-        self._writers.discard(dst)
-
-    def cut(self) -> None:
-        self.cut_off = True
-        for w in list(self._writers):
-            w.transport.abort()
-        self._writers.clear()
-
-    def restore(self) -> None:
-        self.cut_off = False
-
-    async def stop(self) -> None:
-        self.cut()
-        for t in list(self._pipes):
-            t.cancel()
-        await asyncio.gather(*self._pipes, return_exceptions=True)
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
 
 
 class ReadyLines:
