@@ -422,7 +422,10 @@ class ShardClient:
 
         A retry's run-at is the shard's now plus the wait ``fail.lua`` computes from the job's
         own policy over ``f.backoff`` (shard/backoff.py); a ``retry_at_ms`` given (by this
-        client's clock) is sent as the wait from this client's now.
+        client's clock) is sent as the wait from this client's now. A failure with
+        ``store_retries_max`` is handed back without counting the attempt while the job has
+        had fewer uncounted ones; one that ends dead so goes to the outbox (its worker, which
+        could not reach the results database, writes no row for it).
         """
         if not failures:
             return []
@@ -435,6 +438,7 @@ class ShardClient:
             # The jitter's one random draw (fail.lua is deterministic).
             draw = random.random() if f.draw is None else f.draw
             args += [f.job_id, f.fence, f.error[:4096], retry_in, int(f.permanent), policy, draw]
+            args.append(f.store_retries_max)
         rows = await self._run("fail", [], args)
         return [FailResult.from_reply(row) for row in rows]
 

@@ -191,6 +191,10 @@ class Failure:
     backoff: Backoff | None = None
     #: The jitter's random draw in [0, 1); None: ``ShardClient.fail`` draws it (tests fix it).
     draw: float | None = None
+    #: > 0: the attempt failed for want of the results database, not by the handler; it is
+    #: not counted against max_attempts while the job has had fewer than this many such
+    #: (its backoff then grows with them), after which it counts as any failure.
+    store_retries_max: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,7 @@ class JobField(StrEnum):
     RETRY = "rb"
     PROGRESS = "pg"
     TRACE_CONTEXT = "tc"
+    STORE_RETRIES = "sr"
 
     @property
     def attribute(self) -> str:
@@ -138,6 +139,8 @@ JOB_FIELD_DOCS: Final[Mapping[JobField, str]] = {
     "(heartbeat.lua; absent until it reports one: JobProgress)",
     JobField.TRACE_CONTEXT: "the submitter's W3C trace context, '<traceparent>' or "
     "'<traceparent>\\n<tracestate>' (absent when it sent none: shardq.common.tracing)",
+    JobField.STORE_RETRIES: "attempts not counted: they failed for want of the results database "
+    "(fail.lua; absent: none; a requeue of the dead job resets it)",
 }
 
 
@@ -345,6 +348,8 @@ class JobRecord:
     progress: JobProgress | None = None
     #: The submitter's W3C trace context as stored (``shardq.common.tracing``), '' for none.
     trace_context: str = ""
+    #: Attempts handed back uncounted: the results database could not be reached (fail.lua).
+    store_retries: int = 0
 
     @property
     def next_attempt_at_ms(self) -> int:
@@ -391,6 +396,7 @@ class JobRecord:
             retry=Backoff.parse(h.get(JobField.RETRY)),
             progress=JobProgress.parse(h.get(JobField.PROGRESS)),
             trace_context=t(JobField.TRACE_CONTEXT),
+            store_retries=i(JobField.STORE_RETRIES),
         )
 
     @classmethod

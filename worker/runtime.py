@@ -63,6 +63,20 @@ DB_ERRORS = (
 )
 
 
+#: What a handler's ``ctx.session`` raises when the results database cannot be reached.
+#: Not OSError alone: a handler's own HTTP call raises that, and its failure is its own.
+STORE_UNREACHABLE = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+#: Uncounted attempts a job gets for want of the results database (each after the backoff of
+#: that many failures: with the server default, 1 s doubling, 10 span ~17 minutes).
+STORE_RETRIES = 10
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -112,11 +126,18 @@ class Outcome:
     backoff: Backoff | None = None
     #: The row was already committed in the handler's own session.
     row_written: bool = False
+    #: The handler's ``ctx.session`` could not reach the results database: the attempt is not
+    #: counted (up to this many times a job, ``Failure.store_retries_max``); 0: it counts.
+    store_retries_max: int = 0
 
     @property
     def dies(self) -> bool:
+        """A failure this worker writes a dead row for. Not one for want of the database: the
+        shard decides whether it counts, and writes the row through its outbox if it dies."""
         j = self.run.job
-        return self.kind == "failure" and (self.permanent or j.attempt >= j.max_attempts)
+        if self.kind != "failure" or self.store_retries_max:
+            return False
+        return self.permanent or j.attempt >= j.max_attempts
 
 
 @dataclass
@@ -377,13 +398,22 @@ class Worker:
             outcome = Outcome(run, _interrupted(run))
         except Exception as exc:
             outcome = _failure(run, exc, timeout_s)
-            if spec.retry is not None:
+            if ctx.uses_session and _from_the_database(exc):
+                # Not the handler's failure: Postgres refused or dropped the session's
+                # connection (down, at max_connections, a failover). Retried, not counted.
+                outcome.store_retries_max = STORE_RETRIES
+            elif spec.retry is not None:
                 outcome.backoff = spec.retry.over(self.settings.shard.backoff)
                 if isinstance(exc, spec.retry.permanent):
                     outcome.permanent = True
         finally:
             await _close_session(ctx)
-        if outcome.kind == "failure" and spec.max_attempts and job.attempt >= spec.max_attempts:
+        if (
+            outcome.kind == "failure"
+            and not outcome.store_retries_max
+            and spec.max_attempts
+            and job.attempt >= spec.max_attempts
+        ):
             outcome.permanent = True
         self._outcomes.put_nowait(outcome)
 
@@ -538,6 +568,7 @@ class Worker:
                             permanent=o.permanent,
                             retry_at_ms=o.retry_at_ms,
                             backoff=o.backoff,
+                            store_retries_max=o.store_retries_max,
                         )
                         for o in failures
                     ]
@@ -609,6 +640,20 @@ def _interrupted(run: Running) -> str:
     if run.releasing:
         return "release"
     return "cancelled" if run.lost is ItemCode.CANCEL_REQUESTED else "lost"
+
+
+def _from_the_database(exc: BaseException) -> bool:
+    """``exc`` (or what it was raised from) is the results database out of reach: a
+    connection refused, dropped or not to be had (sqlalchemy's OperationalError/InterfaceError
+    or its pool's TimeoutError, psycopg's own), as opposed to an error of the handler's SQL."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, STORE_UNREACHABLE):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _failure(run: Running, exc: Exception, timeout_s: float) -> Outcome:

@@ -9,12 +9,14 @@ import contextlib
 
 class CuttableProxy:
     """Forwards 127.0.0.1:port to a target; ``cut()`` drops every connection and refuses new
-    ones until ``restore()`` — what a worker sees when its database goes away."""
+    ones until ``restore()`` — what a worker sees when its database goes away. ``refuse_new()``
+    refuses new ones only, the open ones go on: a server at its connection limit."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = 0
         self.cut_off = False
+        self.refusing = False
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -25,7 +27,7 @@ class CuttableProxy:
         return self.port
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.cut_off:
+        if self.cut_off or self.refusing:
             writer.close()
             return
         try:
@@ -53,8 +55,11 @@ class CuttableProxy:
             w.transport.abort()
         self._writers.clear()
 
+    def refuse_new(self) -> None:
+        self.refusing = True
+
     def restore(self) -> None:
-        self.cut_off = False
+        self.cut_off = self.refusing = False
 
     async def stop(self) -> None:
         self.cut()

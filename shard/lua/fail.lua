@@ -12,7 +12,7 @@
 -- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
 --                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  retention_ms              (int)     how long a job cancelled meanwhile is kept
--- ARGV[3..] 7 entries per job (a Failure); "-> 'x'" names the job hash field it is stored in
+-- ARGV[3..] 8 entries per job (a Failure); "-> 'x'" names the job hash field it is stored in
 --   job_id                           (string)  the hash's key {prefix}:job:{job_id}
 --   fence                            (int)     must equal 'f' (the lease's token)
 --   error                            (string)  -> 'e'
@@ -22,6 +22,12 @@
 --   permanent                        (0 | 1)   1 = dead now, whatever attempts remain
 --   policy                           (string)  "<base_ms> <cap_ms> <jitter>", every field set
 --   draw                             (float)   uniform in [0, 1): the jitter's random draw
+--   store_retries_max                (int)     0: the attempt counts. n > 0: it failed for
+--                                              want of the results database; while 'sr' < n
+--                                              it is handed back uncounted ('at' - 1, 'sr' + 1,
+--                                              the backoff of attempt 'sr'), never dead; else
+--                                              it counts, and a job that so ends dead goes to
+--                                              the outbox (its worker wrote no row for it)
 -- A job that ends (dead, cancelled) also gets 'fa' = now_ms and its payload leaves
 -- counts:{t} 'bytes'; 's' is set to the state returned. A tenant parked at its max_active is
 -- un-parked once below it.
@@ -48,11 +54,12 @@ end
 
 local now, retention = shard_now(ARGV[1]), tonumber(ARGV[2])
 local out = {}
-for i = 3, #ARGV, 7 do
+for i = 3, #ARGV, 8 do
   local id, fence, err = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local retry_in, permanent = tonumber(ARGV[i + 3]), ARGV[i + 4] == '1'
+  local store_max = tonumber(ARGV[i + 7])
   local job = k_job(id)
-  local j = redis.call('HMGET', job, 's', 'f', 'cx', 't', 'at', 'ma', 'rb')
+  local j = redis.call('HMGET', job, 's', 'f', 'cx', 't', 'at', 'ma', 'rb', 'sr')
   if j[1] ~= 'active' or j[2] ~= fence then
     out[#out + 1] = {STALE_LEASE, j[1] or ''}
   else
@@ -65,20 +72,29 @@ for i = 3, #ARGV, 7 do
       uncount_bytes(job, tenant)
       to_outbox(id, now) -- its worker writes no row for a failure: the shard loop does
       out[#out + 1] = {CANCELLED, 'cancelled'}
-    elseif permanent or tonumber(j[5]) >= tonumber(j[6]) then
-      redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', err)
-      push_dead(id, tenant, now)
-      uncount_bytes(job, tenant)
-      out[#out + 1] = {OK, 'dead'}
     else
-      if retry_in < 0 then
-        retry_in = backoff_ms(j[7], ARGV[i + 5], tonumber(ARGV[i + 6]), tonumber(j[5]))
+      local attempt = tonumber(j[5])
+      local uncounted = store_max > 0 and tonumber(j[8] or 0) < store_max
+      if uncounted then
+        redis.call('HINCRBY', job, 'at', -1)
+        attempt = redis.call('HINCRBY', job, 'sr', 1) -- the backoff grows with these
       end
-      local retry_at = now + retry_in
-      redis.call('HSET', job, 's', 'scheduled', 'ra', retry_at, 'e', err)
-      push_scheduled(id, tenant, retry_at)
-      redis.call('HINCRBY', k_counts(tenant), 'scheduled', 1)
-      out[#out + 1] = {OK, 'scheduled'}
+      if not uncounted and (permanent or attempt >= tonumber(j[6])) then
+        redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', err)
+        push_dead(id, tenant, now)
+        uncount_bytes(job, tenant)
+        if store_max > 0 then to_outbox(id, now) end
+        out[#out + 1] = {OK, 'dead'}
+      else
+        if retry_in < 0 then
+          retry_in = backoff_ms(j[7], ARGV[i + 5], tonumber(ARGV[i + 6]), attempt)
+        end
+        local retry_at = now + retry_in
+        redis.call('HSET', job, 's', 'scheduled', 'ra', retry_at, 'e', err)
+        push_scheduled(id, tenant, retry_at)
+        redis.call('HINCRBY', k_counts(tenant), 'scheduled', 1)
+        out[#out + 1] = {OK, 'scheduled'}
+      end
     end
   end
 end

@@ -4,7 +4,8 @@
 -- KEYS[2]  {prefix}:dead:{tenant}    (ZSET)    the tenant's dead job IDs
 -- ARGV[1]  tenant                    (string)
 -- ARGV[2..] job IDs
--- A requeued job's hash gets 's' = 'ready' (in its queue 'q') and 'at' = 0, and loses 'fa';
+-- A requeued job's hash gets 's' = 'ready' (in its queue 'q') and 'at' = 0, and loses 'fa'
+-- and 'sr';
 -- its payload counts in counts:{t} 'bytes' again.
 -- Returns  {requeued, {job IDs that were not dead jobs of this tenant}}
 local tenant = ARGV[1]
@@ -16,7 +17,7 @@ for i = 2, #ARGV do
   local prio = j[1]
   if prio and redis.call('ZREM', KEYS[2], id) == 1 then
     redis.call('HSET', job, 's', 'ready', 'at', 0)
-    redis.call('HDEL', job, 'fa')
+    redis.call('HDEL', job, 'fa', 'sr')
     push_ready(id, tenant, j[2] or DEFAULT_QUEUE, prio)
     redis.call('HINCRBY', k_counts(tenant), 'dead', -1)
     redis.call('HINCRBY', k_counts(tenant), 'ready', 1)

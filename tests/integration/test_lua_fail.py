@@ -101,6 +101,42 @@ async def test_a_job_goes_dead_after_exactly_max_attempts(
     assert await shard.claim("w1", 1, LEASE) == []
 
 
+async def test_failures_for_want_of_the_database_are_not_counted_up_to_their_cap(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    """On its one and only attempt, a job whose handler could not reach the results database
+    is handed back twice with its attempt given back; the third such failure counts, and the
+    job that so ends dead goes to the outbox (its worker wrote no dead row)."""
+    await shard.enqueue([job("J1", max_attempts=1)])
+    seen = []
+    for _ in range(3):
+        clock.advance(1)
+        (c,) = await shard.claim("w1", 1, LEASE)
+        (res,) = await shard.fail([failure(c, store_retries_max=2, draw=0.0)])
+        h = await redis.hmget("sq:job:J1", "at", "sr", "ra")
+        seen.append((c.attempt, res.state, int(h[0]), int(h[1] or 0)))
+        if res.state == "scheduled":
+            # The backoff grows with the uncounted failures: 1 s, then 2 s (no jitter drawn).
+            assert int(h[2]) - clock.now_ms() == 1000 * 2 ** (int(h[1]) - 1)
+            clock.set(int(h[2]))
+            await shard.promote()
+    assert seen == [(1, "scheduled", 0, 1), (1, "scheduled", 0, 2), (1, "dead", 1, 2)]
+    assert await redis.zrange("sq:outbox", 0, -1) == [b"J1"]
+    assert await redis.zrange("sq:dead:acme", 0, -1) == [b"J1"]
+    # A requeue gives the job its attempts and its uncounted ones back.
+    assert (await shard.requeue_dead("acme", ["J1"]))[0] == 1
+    assert await redis.hmget("sq:job:J1", "at", "sr") == [b"0", None]
+
+
+async def test_a_failure_that_counts_writes_no_outbox_entry_for_its_dead_job(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    """The handler's own failure on the last attempt: its worker writes the dead row."""
+    (c,) = await claimed(shard, redis, job("J1", max_attempts=1))
+    assert await shard.fail([failure(c)]) == [FailResult(ItemCode.OK, "dead")]
+    assert await redis.exists("sq:outbox") == 0
+
+
 async def test_a_permanent_failure_is_dead_at_once_whatever_attempts_remain(
     shard: ShardClient, redis: Redis, clock: FakeClock
 ) -> None:
