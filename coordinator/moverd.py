@@ -80,6 +80,16 @@ class MoverLease:
             autocommit=True,
             application_name=f"{APP_PREFIX} {self.holder}"[:63],
             connect_timeout=5,
+            # A holder whose host vanishes (node lost, network cut) must lose the lock in
+            # seconds, not after the kernel's default two hours of TCP keepalive: probes on
+            # both ends, and a send that stays unacknowledged for 10 s ends the session.
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=3,
+            tcp_user_timeout=10_000,
+            options="-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2"
+            " -c tcp_keepalives_count=3 -c tcp_user_timeout=10000",
         )
         try:
             cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (LEASE_KEY,))
@@ -221,6 +231,11 @@ class MoverDaemon:
                 # Postgres away: whoever holds the lease keeps it only while its session
                 # lives; try again on the next round.
                 log.warning("mover: %s", " ".join(str(exc).split()))
+                await self.lease.release()
+            except Exception:
+                # A bug must not leave the lock held by a mover that no longer runs: let go,
+                # so this or another coordinator takes it again on a later round.
+                log.exception("mover: crashed; releasing the lease")
                 await self.lease.release()
             await asyncio.sleep(self.poll_s)
 

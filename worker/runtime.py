@@ -398,22 +398,19 @@ class Worker:
             outcome = Outcome(run, _interrupted(run))
         except Exception as exc:
             outcome = _failure(run, exc, timeout_s)
-            if ctx.uses_session and _from_the_database(exc):
+            if ctx.uses_session and _from_the_database(exc) and not _permanent(exc, spec):
                 # Not the handler's failure: Postgres refused or dropped the session's
                 # connection (down, at max_connections, a failover). Retried, not counted.
                 outcome.store_retries_max = STORE_RETRIES
-            elif spec.retry is not None:
+            if spec.retry is not None:
                 outcome.backoff = spec.retry.over(self.settings.shard.backoff)
                 if isinstance(exc, spec.retry.permanent):
                     outcome.permanent = True
         finally:
             await _close_session(ctx)
-        if (
-            outcome.kind == "failure"
-            and not outcome.store_retries_max
-            and spec.max_attempts
-            and job.attempt >= spec.max_attempts
-        ):
+        # For a failure for want of the database, fail.lua ignores this while the attempt is
+        # uncounted, and honours it once the job's uncounted attempts are used up.
+        if outcome.kind == "failure" and spec.max_attempts and job.attempt >= spec.max_attempts:
             outcome.permanent = True
         self._outcomes.put_nowait(outcome)
 
@@ -652,8 +649,16 @@ def _from_the_database(exc: BaseException) -> bool:
         seen.add(id(cause))
         if isinstance(cause, STORE_UNREACHABLE):
             return True
-        cause = cause.__cause__ or cause.__context__
+        # ``raise X from None`` says: not because of what was being handled.
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
     return False
+
+
+def _permanent(exc: Exception, spec: HandlerSpec) -> bool:
+    """The handler said the job cannot succeed, whatever the database did meanwhile."""
+    if isinstance(exc, PermanentFailure):
+        return True
+    return spec.retry is not None and isinstance(exc, spec.retry.permanent)
 
 
 def _failure(run: Running, exc: Exception, timeout_s: float) -> Outcome:

@@ -19,7 +19,8 @@
 --   retry_in_ms                      (int, ms) -1: the backoff above; else this wait (a
 --                                              handler's RetryLater). 'ra' = now + the wait
 --                                              when retried (and the delayed ZSET score)
---   permanent                        (0 | 1)   1 = dead now, whatever attempts remain
+--   permanent                        (0 | 1)   1 = dead now, whatever attempts remain (not while
+--                                              the attempt is uncounted: store_retries_max)
 --   policy                           (string)  "<base_ms> <cap_ms> <jitter>", every field set
 --   draw                             (float)   uniform in [0, 1): the jitter's random draw
 --   store_retries_max                (int)     0: the attempt counts. n > 0: it failed for
