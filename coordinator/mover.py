@@ -94,7 +94,7 @@ class MovesFailed(Exception):
     the shards and the tenants. What they did is kept; ``moves run`` resumes them."""
 
     def __init__(
-        self, moves: Sequence[TenantMove], results: Sequence[MoveReport | BaseException]
+        self, moves: Sequence[TenantMove], results: Sequence[MoveReport | BaseException | None]
     ) -> None:
         errors = [(m, r) for m, r in zip(moves, results, strict=True)
                   if isinstance(r, BaseException)]  # fmt: skip
@@ -173,8 +173,15 @@ class Mover:
         gate = asyncio.Semaphore(self.parallel)
         self._to_finish, self._first_pending = [], 0.0
 
-        async def one(move: TenantMove) -> MoveReport:
+        async def one(move: TenantMove) -> MoveReport | None:
             async with gate:
+                # The map read above may be minutes old by now (300 moves, 4 at a time): a
+                # move aborted meanwhile (`moves abort`, which finds nothing set aside yet)
+                # must not be run from it, or its jobs would land where the map no longer
+                # sends its tenant. What remains is the moment between this read and the
+                # first take; `moves abort` refuses once anything is set aside.
+                if (await self.store.load()).moves.get(move.tenant_id) != move:
+                    return None
                 return await self.move(move, smap)
 
         # Every move runs to its end or its error: a shard that cannot be reached stops the
@@ -187,7 +194,7 @@ class Mover:
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise MovesFailed(moves, results)
-        return [r for r in results if isinstance(r, MoveReport)]
+        return [r for r in results if isinstance(r, MoveReport)]  # None: aborted meanwhile
 
     async def _busiest_first(self, moves: list[TenantMove], smap: ShardMap) -> list[TenantMove]:
         """``moves`` with the busiest tenants (rebalance's load: rate and backlog) first: they
