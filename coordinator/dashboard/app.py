@@ -90,6 +90,23 @@ HTTP_OF = {
 }
 
 
+#: The limits the tenant page's form sets (the others are kept as they are).
+FORM_LIMITS = (
+    "weight", "max_active", "submit_rate_per_s", "submit_burst", "max_pending",
+    "max_pending_bytes",
+)  # fmt: skip
+
+
+#: Bounds on a form read before anyone is logged in, or by anyone (Starlette's defaults
+#: take 1,000 fields of 1 MiB and files of any size): the dashboard's forms are small.
+FORM_MAX_FIELDS = 256
+FORM_MAX_PART = 64 * 1024
+
+
+async def read_form(request: Request) -> FormData:
+    return await request.form(max_files=0, max_fields=FORM_MAX_FIELDS, max_part_size=FORM_MAX_PART)
+
+
 @dataclass(frozen=True, slots=True)
 class DashboardSettings:
     coordinator: str = "127.0.0.1:50051"
@@ -133,7 +150,7 @@ def pretty_json(raw: bytes, limit: int = PAYLOAD_SHOWN_BYTES) -> tuple[str, bool
         return "null", False
     try:
         text = json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):  # a document nested deeper than Python recurses
         text = raw.decode("utf-8", "replace")
     cut = len(text.encode()) > limit
     return (text.encode()[:limit].decode("utf-8", "ignore") if cut else text), cut
@@ -185,7 +202,7 @@ class Dashboard:
 
     async def form(self, request: Request, session: Session) -> FormData:
         """The POST's form, refused (403) unless it carries the session's CSRF token."""
-        form = await request.form()
+        form = await read_form(request)
         if not same(str(form.get("csrf", "")), session.csrf):
             log.warning("dashboard: POST %s refused: missing or wrong CSRF token", request.url.path)
             raise PageError(403, "Refused", "The form's CSRF token is missing or wrong: reload.")
@@ -231,7 +248,7 @@ class Dashboard:
         return response
 
     async def login(self, request: Request) -> Response:
-        form = await request.form()
+        form = await read_form(request)
         if not same(str(form.get("nonce", "")), request.cookies.get(LOGIN_COOKIE, "")):
             raise PageError(403, "Refused", "The login form expired or was not ours: reload it.")
         token = str(form.get("token", "")).strip()
@@ -405,8 +422,12 @@ class Dashboard:
         form = await self.form(request, session)
         self._admin_only(session)
         tenant = self.tenant_of(session, request.path_params["tenant"])
+        # SetTenantLimits replaces the whole message: the fields this form does not show
+        # (retention, dedupe window) keep what the tenant has (GetTenantLimits: the shard's
+        # stats do not carry retention, which the purge reads from Postgres).
+        limits = await self.a.get_limits(session.metadata, tenant)
         try:
-            limits = common_pb2.TenantLimits(
+            shown = common_pb2.TenantLimits(
                 weight=int(form.get("weight") or 0),  # type: ignore[arg-type]
                 max_active=int(form.get("max_active") or 0),  # type: ignore[arg-type]
                 submit_rate_per_s=float(form.get("submit_rate_per_s") or 0),  # type: ignore[arg-type]
@@ -414,6 +435,8 @@ class Dashboard:
                 max_pending=int(form.get("max_pending") or 0),  # type: ignore[arg-type]
                 max_pending_bytes=int(form.get("max_pending_bytes") or 0),  # type: ignore[arg-type]
             )
+            for name in FORM_LIMITS:
+                setattr(limits, name, getattr(shown, name))
         except (TypeError, ValueError):
             detail = "Limits are whole numbers (rate: a number)."
             raise PageError(400, "Bad request", detail) from None

@@ -33,8 +33,19 @@ class Sample:
     lateness_ms: int
 
 
+#: Bounds of the sampling interval: below, the ring of an hour grows large and is rebuilt
+#: on every request; above, the charts have fewer than two points.
+MIN_INTERVAL_S = 0.5
+MAX_INTERVAL_S = 1800.0
+
+
 class Samples:
     def __init__(self, interval_s: float) -> None:
+        if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:  # NaN too
+            raise ValueError(
+                f"the sample interval must be {MIN_INTERVAL_S} to {MAX_INTERVAL_S} s, "
+                f"not {interval_s}"
+            )
         self.interval_s = interval_s
         self.ring: deque[Sample] = deque(maxlen=max(2, int(WINDOW_S / interval_s) + 1))
 

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve(args))
     except KeyboardInterrupt:
         pass
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # a port taken, a setting out of range
         print(f"shardq-dashboard: {exc}", file=sys.stderr)
         return 1
     return 0

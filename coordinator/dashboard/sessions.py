@@ -22,12 +22,13 @@ MAX_SESSIONS = 10_000
 
 @dataclass(slots=True)
 class Session:
-    token: str
+    #: Out of the repr: a logged or printed session must not show it.
+    token: str = field(repr=False)
     #: "admin" or "tenant".
     role: str
     #: The token's tenant ("" for the admin token).
     tenant: str
-    csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     last_seen: float = field(default_factory=time.monotonic)
 
     @property

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from playwright.async_api import Page, expect
 
-from shardq.client import AsyncClient
+from shardq.client import AsyncClient, TenantLimits
 from tests.dashboard import handlers as _handlers  # noqa: F401 - registers dash.* handlers
 from tests.dashboard.support import chromium, dashboard, screenshot_dir
 from tests.support.cluster import running_cluster
@@ -76,6 +76,7 @@ async def test_operator_flows(database_url: str, tmp_path: Path) -> None:
             await find_by_request_id(page, dash.url, rid, job_id)
             await requeue_dead(page, dash.url, client, tmp_path / "fail", img)
             await other_pages(page, dash.url, client, img)
+            await limits_form(page, dash.url, await cluster.client())
         await bad_input(page, dash.url)
         await page.screenshot(path=img / "dashboard-error.png")
         await csrf_refused(page, dash.url)
@@ -151,6 +152,20 @@ async def other_pages(page: Page, url: str, client: AsyncClient, img: Path) -> N
     await page.goto(f"{url}/tenants/{TENANT}/schedules")
     await expect(page.locator("table")).to_contain_text("nightly")
     await page.screenshot(path=img / "dashboard-schedules.png")
+
+
+async def limits_form(page: Page, url: str, admin: AsyncClient) -> None:
+    """The tenant page's limits form changes what it shows and keeps what it does not
+    (SetTenantLimits replaces the whole message): retention and the dedupe window stay."""
+    kept = TenantLimits(result_retention_s=3600, dedupe_window_s=7200)
+    await admin.set_tenant_limits(kept, TENANT)
+    await page.goto(f"{url}/tenants/{TENANT}")
+    await page.fill("form.limits input[name=weight]", "3")
+    await page.click("form.limits button")
+    await expect(page.locator(".question")).to_contain_text("Set the limits")
+    await page.click("#confirm")
+    now = await admin.tenant_limits(TENANT)
+    assert (now.weight, now.result_retention_s, now.dedupe_window_s) == (3, 3600, 7200), now
 
 
 async def bad_input(page: Page, url: str) -> None:

@@ -33,6 +33,22 @@ def test_payload_is_indented_and_cut_when_large() -> None:
     assert cut and len(shown.encode()) <= PAYLOAD_SHOWN_BYTES
 
 
+def test_a_document_nested_past_pythons_recursion_is_shown_as_it_came() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert pretty_json(deep, limit=10) == ("[[[[[[[[[[", True)
+
+
+@pytest.mark.parametrize("interval_s", [0.0, 0.1, float("nan"), 1e9])
+def test_a_sample_interval_out_of_range_is_refused(interval_s: float) -> None:
+    with pytest.raises(ValueError, match="sample interval"):
+        Samples(interval_s=interval_s)
+
+
+def test_a_sessions_repr_shows_neither_its_token_nor_its_csrf_secret() -> None:
+    session = Session(token="sq_secret_token", role="admin", tenant="")
+    assert "sq_secret_token" not in repr(session) and session.csrf not in repr(session)
+
+
 def test_series_rates_and_a_counter_that_went_down() -> None:
     s = Samples(interval_s=5)
     s.add(Sample(0.0, 100, 50, 1, 0))
