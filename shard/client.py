@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from shardq.common import validation
 from shardq.common.clock import Clock, SystemClock
@@ -29,6 +29,7 @@ from shardq.common.errors import (
     ResourceExhausted,
 )
 from shardq.common.ids import new_job_id
+from shardq.common.redis import NotReplicated
 from shardq.shard import cron
 from shardq.shard.backoff import Backoff, job_backoff
 from shardq.shard.codes import ItemCode
@@ -143,15 +144,20 @@ class ShardClient:
         for _ in range(2):
             pipe = self._r.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.incr(self.keys.wait_mark())  # so the WAIT below waits for everything
             pipe.execute_command(*self.settings.durability.command())
-            reply, waited = await pipe.execute(raise_on_error=False)
+            reply, _, waited = await pipe.execute(raise_on_error=False)
             if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: load, again
                 await self._r.script_load(script.script)
                 continue
+            # Errors come back as values here, past the pool's shard tagging: those that
+            # mean "not replicated" must still reach the caller as retryable (UNAVAILABLE).
+            if isinstance(reply, ResponseError) and str(reply).startswith("NOREPLICAS"):
+                raise NotReplicated(f"the shard refused the write: {reply}") from reply
             if isinstance(reply, Exception):
                 raise reply
             if isinstance(waited, Exception):
-                raise waited
+                raise NotReplicated(f"the wait for the shard's replicas failed: {waited}")
             self.settings.durability.check(waited)
             return reply
         raise NoScriptError(f"script {name} was flushed again as it was loaded")

@@ -118,6 +118,13 @@ class Keys:
         """ZSET: active job IDs scored by lease deadline (unix ms); the reaper ranges it."""
         return f"{self.prefix}:leases"
 
+    def wait_mark(self) -> str:
+        """STRING (integer): written just before each WAIT for replicas (``ShardClient``), so
+        the WAIT covers every write the primary holds, even after a script that wrote nothing
+        on this connection (a WAIT counts only the connection's own writes: alone, it could
+        pass at once while an earlier, unreplicated write of another connection waits)."""
+        return f"{self.prefix}:waitmark"
+
     def fence(self) -> str:
         """STRING (integer): the shard's fencing-token counter; every claim takes a new one."""
         return f"{self.prefix}:fence"

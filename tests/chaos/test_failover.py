@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from shardq.client import RetryPolicy
 from shardq.common.errors import ShardqError, Unavailable
@@ -369,7 +369,7 @@ async def test_a_stale_primary_never_acknowledges_a_write_and_loses_it_on_rejoin
         assert new.request_id == "before"
 
         # The stale primary, straight at its address: its replica is gone, it takes no write.
-        with pytest.raises(ResponseError, match="NOREPLICAS"):
+        with pytest.raises(NotReplicated, match="NOREPLICAS"):
             await old.submit(NewJob("acme", "h", b"{}", request_id="stale-1"))
         # Without that fence it would take the write, but nobody is told it was done.
         async with _client(old_port) as r:

@@ -51,8 +51,8 @@ LUA_TO_PYTHON = {
     "old_wake": "old_wake",
 }
 #: Keys methods with no Lua builder: passed in KEYS by their only scripts, or (load, identity)
-#: used by no script at all.
-PYTHON_ONLY = {"base", "identity", "leader", "load", "moved_in"}
+#: used by no script at all (wait_mark: written by ShardClient before each WAIT).
+PYTHON_ONLY = {"base", "identity", "leader", "load", "moved_in", "wait_mark"}
 
 #: One sample value per parameter name; distinct so a swapped argument shows in the key.
 SAMPLES: dict[str, object] = {
