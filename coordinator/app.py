@@ -95,7 +95,7 @@ class CoordinatorSettings:
     #: Seconds a finished job's result row is kept where the tenant's limits do not say
     #: (``--result-retention-s``; 0: kept forever).
     result_retention_s: int = 0
-    #: The retention purge (shardq.store.retention): rows deleted per statement, and seconds
+    #: The retention purge (shardq.coordinator.retention): rows deleted per statement, and seconds
     #: between two rounds (``--retention-batch-size``, ``--retention-interval-s``).
     retention_batch_size: int = 1_000
     retention_interval_s: float = 60.0

@@ -17,7 +17,7 @@ by claims, which workers make without the coordinator: those come from a row alo
 
 Two limits are not about admission or claims: ``dedupe_window_s`` (pushed to the shard, whose
 ``enqueue.lua`` reads it from the tenant's hash on every submit; else the shard settings' 24 h)
-and ``result_retention_s`` (read from the row by the purge, ``shardq.store.retention``; else
+and ``result_retention_s`` (read from the row by the purge, ``shardq.coordinator.retention``; else
 ``--result-retention-s``). Both come from a row alone, and the server's value otherwise.
 
 A coordinator that starts pushes nothing: every shard keeps the limits it was last given.

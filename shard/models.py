@@ -97,7 +97,7 @@ class TenantLimits:
     #: Most payload bytes of the tenant's scheduled, ready and active jobs at once.
     max_pending_bytes: int = 0
     #: Seconds a finished job's result row is kept in Postgres (0: the coordinator's default,
-    #: ``--result-retention-s``). Not on the shard: the purge (``shardq.store.retention``)
+    #: ``--result-retention-s``). Not on the shard: the purge (``shardq.coordinator.retention``)
     #: reads it from the tenant's row.
     result_retention_s: int = 0
     #: Seconds a request_id stays deduplicated after its job is accepted (limits:{t}

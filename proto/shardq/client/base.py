@@ -31,6 +31,11 @@ MAX_RECONNECT_BACKOFF_MS = 2_000
 #: Options of every client channel (``Client(channel_options=...)`` adds or overrides).
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+    # Pings on an idle connection (the server allows one every 10 s): a watch whose
+    # coordinator's host vanished without closing the connection is found dead in ~30 s
+    # and opened again, instead of waiting forever for a message.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
 )
 
 
@@ -108,7 +113,8 @@ class ClientBase:
 class Watching:
     """One watch of a job: its request, its deadline (``timeout``, None: none) and its
     tries. A stream that breaks retryably is opened again (the retry budget counts from the
-    last message received); a job that reached a terminal state ends it."""
+    first failure after a message was received: a job quiet for minutes still gets all of it);
+    a job that reached a terminal state ends it."""
 
     def __init__(self, client: ClientBase, job_id: str, timeout: timedelta | float | None) -> None:
         self.client = client
@@ -118,6 +124,7 @@ class Watching:
             timeout = timeout.total_seconds()
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.tries = client.attempts()
+        self.received = False
 
     def timeout(self) -> float | None:
         """The deadline of the next stream, in seconds from now."""
@@ -126,7 +133,7 @@ class Watching:
         return max(0.0, self.deadline - time.monotonic())
 
     def seen(self, msg: common_pb2.Job) -> Job:
-        self.tries = self.client.attempts()
+        self.received = True
         return Job.from_proto(msg)
 
     def pause_after(self, exc: Exception) -> float:
@@ -137,6 +144,8 @@ class Watching:
             or status_code(exc) == grpc.StatusCode.DEADLINE_EXCEEDED
         ):
             raise TimeoutError(f"job {self.job_id} did not end within the timeout") from exc
+        if self.received:  # the stream worked: a fresh budget from this failure on
+            self.tries, self.received = self.client.attempts(), False
         pause = self.tries.pause_after(exc)
         left = self.timeout()
         return pause if left is None else min(pause, left)

@@ -190,7 +190,8 @@ class Requests:
 
     def submit_many(self, jobs: Iterable[BatchItem]) -> jobs_pb2.SubmitJobsRequest:
         specs = [
-            j if isinstance(j, common_pb2.JobSpec) else JobRequest.of(j).to_spec() for j in jobs
+            _with_request_id(j) if isinstance(j, common_pb2.JobSpec) else JobRequest.of(j).to_spec()
+            for j in jobs
         ]
         return jobs_pb2.SubmitJobsRequest(tenant_id=self.tenant_id, jobs=specs)
 
@@ -269,3 +270,14 @@ class Requests:
 
     def tenant_limits(self, tenant_id: str) -> admin_pb2.GetTenantLimitsRequest:
         return admin_pb2.GetTenantLimitsRequest(tenant_id=tenant_id or self.tenant_id)
+
+
+def _with_request_id(spec: common_pb2.JobSpec) -> common_pb2.JobSpec:
+    """``spec``, or a copy with a request_id of its own when it has none: the client retries
+    a batch, and a spec the server named would make a second job on each retry."""
+    if spec.request_id:
+        return spec
+    named = common_pb2.JobSpec()
+    named.CopyFrom(spec)
+    named.request_id = uuid.uuid4().hex
+    return named

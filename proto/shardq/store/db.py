@@ -184,7 +184,7 @@ tenant_limits = sa.Table(
     # Most jobs, and payload bytes, SCHEDULED + READY + ACTIVE at once.
     sa.Column("max_pending", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("max_pending_bytes", sa.BigInteger, nullable=False, server_default="0"),
-    # Seconds a finished job's result row is kept (shardq.store.retention), and seconds a
+    # Seconds a finished job's result row is kept (shardq.coordinator.retention), and seconds a
     # request_id stays deduplicated on the shard (0: the server's defaults).
     sa.Column("result_retention_s", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("dedupe_window_s", sa.BigInteger, nullable=False, server_default="0"),

@@ -4,7 +4,7 @@
 kept; 0: the server default) and ``dedupe_window_s`` (seconds a request_id is deduplicated on
 the shard; 0: the server default, 24 h).
 
-``ix_shardq_results_tenant_id_finished_at`` lets the purge (``shardq.store.retention``) find
+``ix_shardq_results_tenant_id_finished_at`` lets the purge (``shardq.coordinator.retention``) find
 one tenant's rows older than its cutoff by an index range, a batch at a time, instead of
 reading every row of the tenant through the primary key. It is ``IF NOT EXISTS``: the upgrade
 runs in one transaction (``shardq.store.migrate``), where ``CREATE INDEX`` blocks writes to
