@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from shardq.client.base import Watching
+from shardq.client.base import ClientBase, Watching
 from shardq.client.requests import Requests
 from shardq.client.retry import Attempts, RetryPolicy
 from shardq.v1 import common_pb2
@@ -52,3 +52,10 @@ def test_a_watch_quiet_past_the_budget_still_retries_a_broken_stream() -> None:
     time.sleep(0.3)  # failing on, with no message between: that budget is spent
     with pytest.raises(Broken):
         watching.pause_after(Broken())
+
+
+def test_a_client_certificate_alone_means_tls() -> None:
+    """Given a certificate but not tls=True, the client must not fall back to plaintext
+    (where its bearer token would travel in clear)."""
+    assert ClientBase("t", client_cert=(b"key", b"chain")).credentials is not None
+    assert ClientBase("t").credentials is None

@@ -91,7 +91,8 @@ class ClientBase:
         channel_options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self.credentials: grpc.ChannelCredentials | None = None
-        if tls or root_certificates is not None:
+        # A client certificate means TLS too: never a plaintext channel carrying the token.
+        if tls or root_certificates is not None or client_cert is not None:
             key, chain = client_cert if client_cert else (None, None)
             self.credentials = grpc.ssl_channel_credentials(root_certificates, key, chain)
         self.channel_options = list({**dict(CHANNEL_OPTIONS), **dict(channel_options)}.items())
