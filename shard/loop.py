@@ -195,7 +195,9 @@ class ShardLoop:
     async def _listen_for_wake(self) -> None:
         while True:
             try:
-                if await self.shard.wait_for_promoter_wake(timeout_s=30):
+                # Under the client's 10 s socket timeout (common/redis.py): a longer BLPOP
+                # timed out every time, and a wake pushed while it reconnected was late.
+                if await self.shard.wait_for_promoter_wake(timeout_s=5):
                     self._wake.set()
             except RedisError:
                 await asyncio.sleep(self.settings.retry_delay_ms / 1000)

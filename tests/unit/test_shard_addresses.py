@@ -61,3 +61,5 @@ def test_the_durability_flags_and_their_variables(monkeypatch: pytest.MonkeyPatc
     assert config.durability(args) == Durability(2, 50, aof=True)
     with pytest.raises(SystemExit):
         config.durability(p.parse_args(["--shard-replicas-to-ack", "-1"]))
+    with pytest.raises(SystemExit, match="1 to 5000"):  # past the 10 s socket timeout: no
+        config.durability(p.parse_args(["--shard-replica-ack-timeout-ms", "10000"]))

@@ -145,9 +145,11 @@ def durability(args: argparse.Namespace) -> Durability:
     """The shard durability that :func:`add_shard_durability`'s flags ask for."""
     from shardq.common.redis import Durability  # noqa: PLC0415 - see the TYPE_CHECKING import
 
-    if args.shard_replicas_to_ack < 0 or args.shard_replica_ack_timeout_ms < 1:
+    # At most 5 s: the WAIT must end well inside the shard client's 10 s socket timeout, past
+    # which redis-py would send the script again on a new connection.
+    if args.shard_replicas_to_ack < 0 or not 1 <= args.shard_replica_ack_timeout_ms <= 5_000:
         raise SystemExit(
-            "--shard-replicas-to-ack must be >= 0 and --shard-replica-ack-timeout-ms >= 1"
+            "--shard-replicas-to-ack must be >= 0 and --shard-replica-ack-timeout-ms 1 to 5000"
         )
     return Durability(
         args.shard_replicas_to_ack, args.shard_replica_ack_timeout_ms, args.shard_wait_aof
