@@ -13,8 +13,8 @@ from shardq.coordinator.shardmap import _check_address
 
 
 def test_a_sentinel_address_names_its_sentinels_and_master() -> None:
-    got = parse_sentinel("sentinel://s0:26380,s1,[::1]:26381/shard-0")
-    assert got.sentinels == (("s0", 26380), ("s1", 26379), ("::1", 26381))
+    got = parse_sentinel("sentinel://s0:26380,s1,[::1]:26381,[fe80::2]/shard-0")
+    assert got.sentinels == (("s0", 26380), ("s1", 26379), ("::1", 26381), ("fe80::2", 26379))
     assert got.master == "shard-0"
     assert _check_address("sentinel://s0:26379/shard-0", 0) == "sentinel://s0:26379/shard-0"
 
@@ -28,6 +28,10 @@ def test_a_sentinel_address_names_its_sentinels_and_master() -> None:
         ("sentinel:///shard-0", "names no sentinel"),
         ("sentinel://s0:http/shard-0", "is not host:port"),
         ("sentinel://s0:70000/shard-0", "is not host:port"),
+        ("sentinel://::1/shard-0", "IPv6 address in brackets"),
+        ("sentinel://[::1/shard-0", "is not host:port"),
+        ("sentinel://[::1]x/shard-0", "is not host:port"),
+        ("sentinel://pw@s0:26379/shard-0", "no user or password"),
     ],
 )
 def test_a_malformed_sentinel_address_is_refused_naming_the_field(address: str, says: str) -> None:

@@ -39,14 +39,34 @@ def is_sentinel(address: str) -> bool:
 
 
 def _host_port(text: str, default_port: int | None, address: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = text, ""
+    """``host:port``, ``[v6]:port`` or (with a default port) ``host``, ``[v6]``. Refused: an
+    IPv6 address without brackets (``::1`` would read as host ``:`` and port 1) and a user or
+    password in the host (``pw@host``: the password goes in its own setting)."""
+    bad = InvalidArgument(f"{address!r}: {text!r} is not host:port", field="address")
+    if text.startswith("["):
+        host, close, rest = text[1:].partition("]")
+        if not close or (rest and not rest.startswith(":")):
+            raise bad
+        port = rest[1:]
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            host, port = text, ""
+        if ":" in host:
+            raise InvalidArgument(
+                f"{address!r}: {text!r}: write an IPv6 address in brackets, [::1]:6379",
+                field="address",
+            )
+    if "@" in host:
+        raise InvalidArgument(
+            f"{address!r}: no user or password in the address (--redis-password sets it)",
+            field="address",
+        )
     if not port and default_port is not None:
         port = str(default_port)
     if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"{address!r}: {text!r} is not host:port", field="address")
-    return host.strip("[]") or "127.0.0.1", int(port)
+        raise bad
+    return host or "127.0.0.1", int(port)
 
 
 def parse_sentinel(address: str) -> SentinelAddress:
