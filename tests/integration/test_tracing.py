@@ -26,6 +26,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 from redis.asyncio import Redis
 
 from shardq.common import tracing
@@ -142,6 +143,24 @@ async def test_a_submit_outside_any_span_stores_no_trace_context(cluster: Cluste
     client = await cluster.client("shop")
     sub = await client.submit("test.traced", {"order": 8}, request_id="order-8")
     assert b"tc" not in await job_hash(cluster, "shop", sub.job_id)
+
+
+async def test_a_tracestate_longer_than_the_server_keeps_is_dropped_not_fatal(
+    cluster: Cluster,
+) -> None:
+    """W3C allows 32 tracestate entries, more bytes than a job keeps: the submit goes on
+    with the traceparent alone."""
+    state = TraceState([(f"vendor{n:02d}", "v" * 20) for n in range(32)])
+    ctx = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=state,
+    )  # fmt: skip
+    assert len(state.to_header()) > tracing.MAX_VALUE_BYTES
+    client = await cluster.client("shop")
+    with trace.use_span(NonRecordingSpan(ctx)):
+        sub = await client.submit("test.traced", {"order": 10}, request_id="order-10")
+    stored = (await job_hash(cluster, "shop", sub.job_id))[b"tc"].decode()
+    assert stored.startswith("00-0af7651916cd43dd8448eb211c80319c-") and "\n" not in stored
 
 
 #: A service's process: SHARDQ_OTEL as given, opentelemetry importable or not (``sys.modules``

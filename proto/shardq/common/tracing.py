@@ -115,6 +115,11 @@ def inject(carrier: MutableMapping[str, str]) -> None:
         otel = _switch.otel
     if isinstance(otel, _Otel):
         otel.propagator.inject(carrier)
+        # W3C lets a tracestate hold 32 entries, more than the server keeps: drop it rather
+        # than fail the submit (the traceparent alone links the trace).
+        state = carrier.get("tracestate")
+        if state is not None and (len(state.encode()) > MAX_VALUE_BYTES or "\n" in state):
+            del carrier["tracestate"]
 
 
 def encode(trace_context: Mapping[str, str]) -> str:
