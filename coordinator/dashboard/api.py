@@ -27,9 +27,20 @@ TIMEOUT_S = 10.0
 
 
 class Api:
-    def __init__(self, target: str, *, tls: bool = False, root_certificates: bytes | None = None):
-        # The client's token is never used: every call passes the session's own.
-        self._client = AsyncClient(target, "", tls=tls, root_certificates=root_certificates)
+    def __init__(
+        self,
+        target: str,
+        *,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        client_cert: tuple[bytes, bytes] | None = None,
+    ):
+        # The client's token is never used: every call passes the session's own. The client
+        # certificate (key, chain) is the dashboard's own, for a coordinator that requires
+        # one (mTLS); it identifies the process, the token still the user.
+        self._client = AsyncClient(
+            target, "", tls=tls, root_certificates=root_certificates, client_cert=client_cert
+        )
         channel = self._client.channel
         self.jobs = jobs_pb2_grpc.JobServiceStub(channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(channel)

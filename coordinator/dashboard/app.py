@@ -3,7 +3,8 @@
 Every page is a stable URL (tenant and job in the path, filters and paging in the query), so
 it can be pasted into a chat. Every change (requeue, cancel, pause, limits, schedule delete)
 is a POST that carries the session's CSRF token, asks for a confirmation first (the same form
-again with ``confirmed=1``), and is logged with who did it.
+again with ``confirmed=1``), and is logged, refused or done, as one structured line: who (the
+role and tenant, never the token), the action, its target and the outcome (:class:`Audit`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -41,7 +42,7 @@ from shardq.common import validation
 from shardq.common.errors import ShardqError
 from shardq.coordinator.dashboard.api import Api
 from shardq.coordinator.dashboard.samples import Sample, Samples
-from shardq.coordinator.dashboard.sessions import Session, SessionStore, same
+from shardq.coordinator.dashboard.sessions import IDLE_S, MAX_AGE_S, Session, SessionStore, same
 from shardq.v1 import common_pb2
 
 log = logging.getLogger("shardq.dashboard")
@@ -112,17 +113,72 @@ class DashboardSettings:
     coordinator: str = "127.0.0.1:50051"
     tls: bool = False
     root_certificates: bytes | None = None
+    #: (key, chain) PEM: the certificate the dashboard presents to a coordinator that
+    #: requires client certificates.
+    client_cert: tuple[bytes, bytes] | None = field(default=None, repr=False)
     sample_interval_s: float = 5.0
+    session_idle_s: float = IDLE_S
+    session_max_age_s: float = MAX_AGE_S
 
 
 class PageError(Exception):
-    """Ends a request with a clear page (status, headline, detail)."""
+    """Ends a request with a clear page (status, headline, detail); ``reason`` is how the
+    audit line of a refused action names it."""
 
-    def __init__(self, status: int, title: str, detail: str = "") -> None:
+    def __init__(self, status: int, title: str, detail: str = "", reason: str = "") -> None:
         super().__init__(title)
         self.status = status
         self.title = title
         self.detail = detail
+        self.reason = reason or title.lower()
+
+
+#: API codes that mean the request was refused (what the user asked cannot be done), as
+#: opposed to the cluster failing to answer.
+REFUSALS = frozenset(
+    {
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
+
+
+@dataclass(slots=True)
+class Audit:
+    """One admin action, logged once when its request ends, whatever the ending: one JSON line
+    (``config.JsonFormatter``) with ``who`` (``admin``, ``tenant:NAME`` or ``anonymous``, never
+    the token), ``action``, ``target`` and ``outcome`` (``done``, ``unconfirmed``,
+    ``refused: csrf``, ``refused: PERMISSION_DENIED``, ``failed: UNAVAILABLE``, ...)."""
+
+    action: str
+    target: str
+    who: str = "anonymous"
+    outcome: str = ""
+    details: dict[str, object] = field(default_factory=dict)
+
+    def done(self, **details: object) -> None:
+        self.outcome = "done"
+        self.details.update(details)
+
+    def log(self) -> None:
+        outcome = self.outcome or "done"
+        extra = " ".join(f"{k}={v}" for k, v in self.details.items())
+        log.log(
+            logging.INFO if outcome in ("done", "unconfirmed") else logging.WARNING,
+            "dashboard action %s on %s by %s: %s%s",
+            self.action,
+            self.target,
+            self.who,
+            outcome,
+            f" ({extra})" if extra else "",
+            extra={"who": self.who, "action": self.action, "target": self.target,
+                   "outcome": outcome},
+        )  # fmt: skip
 
 
 def state_name(value: int) -> str:
@@ -172,7 +228,9 @@ def _env() -> Environment:
 class Dashboard:
     def __init__(self, settings: DashboardSettings) -> None:
         self.settings = settings
-        self.sessions = SessionStore()
+        self.sessions = SessionStore(
+            idle_s=settings.session_idle_s, max_age_s=settings.session_max_age_s
+        )
         self.samples = Samples(settings.sample_interval_s)
         self.env = _env()
         self.api: Api | None = None
@@ -193,20 +251,41 @@ class Dashboard:
         )
         return HTMLResponse(html, status_code=status)
 
-    def session_of(self, request: Request) -> Session:
+    def session_of(self, request: Request, act: Audit | None = None) -> Session:
         session = self.sessions.get(request.cookies.get(COOKIE))
         if session is None:
-            raise PageError(401, "Log in first")
+            raise PageError(401, "Log in first", reason="not logged in")
         request.state.session = session
+        if act is not None:
+            act.who = session.who
         return session
 
     async def form(self, request: Request, session: Session) -> FormData:
         """The POST's form, refused (403) unless it carries the session's CSRF token."""
         form = await read_form(request)
         if not same(str(form.get("csrf", "")), session.csrf):
-            log.warning("dashboard: POST %s refused: missing or wrong CSRF token", request.url.path)
-            raise PageError(403, "Refused", "The form's CSRF token is missing or wrong: reload.")
+            detail = "The form's CSRF token is missing or wrong: reload."
+            raise PageError(403, "Refused", detail, reason="csrf")
         return form
+
+    @contextlib.asynccontextmanager
+    async def audit(self, action: str, target: str) -> AsyncIterator[Audit]:
+        """An admin action's audit line, logged when the block ends, refused or done."""
+        act = Audit(action, target)
+        try:
+            yield act
+        except PageError as exc:
+            act.outcome = f"refused: {exc.reason}"
+            raise
+        except grpc.aio.AioRpcError as exc:
+            verdict = "refused" if exc.code() in REFUSALS else "failed"
+            act.outcome = f"{verdict}: {exc.code().name}"
+            raise
+        except BaseException:
+            act.outcome = "failed: internal error"
+            raise
+        finally:
+            act.log()
 
     def tenant_of(self, session: Session, tenant: str) -> str:
         """The tenant a page is about: a tenant token's own when none is named."""
@@ -219,11 +298,12 @@ class Dashboard:
             raise PageError(400, "Bad request", str(exc)) from None
 
     def confirm(
-        self, request: Request, form: FormData, what: str, danger: bool = True
+        self, request: Request, form: FormData, act: Audit, what: str, danger: bool = True
     ) -> HTMLResponse | None:
         """The confirmation page, unless this POST is the confirmed one."""
         if form.get("confirmed") == "1":
             return None
+        act.outcome = "unconfirmed"
         fields = [(k, str(v)) for k, v in form.multi_items() if k not in ("csrf", "confirmed")]
         return self.render(
             request,
@@ -233,11 +313,6 @@ class Dashboard:
             action=request.url.path,
             danger=danger,
         )
-
-    def done(self, session: Session, action: str, **details: Any) -> None:
-        """Log an admin action: who (role and tenant, never the token), what, on what."""
-        parts = " ".join(f"{k}={v}" for k, v in details.items())
-        log.info("dashboard action %s by %s: %s", action, session.who, parts)
 
     # -- login ------------------------------------------------------------------------------
 
@@ -264,7 +339,8 @@ class Dashboard:
         log.info("dashboard: %s logged in", session.who)
         target = "/" if session.is_admin else f"/tenants/{session.tenant}"
         response = RedirectResponse(target, status_code=303)
-        self._cookie(request, response, COOKIE, session_id)
+        # The browser forgets the cookie when the session ends at the latest.
+        self._cookie(request, response, COOKIE, session_id, int(self.sessions.max_age_s))
         response.delete_cookie(LOGIN_COOKIE)
         return response
 
@@ -293,7 +369,9 @@ class Dashboard:
     async def logout(self, request: Request) -> Response:
         session = self.session_of(request)
         await self.form(request, session)
+        # Ends the session and, through Session.ended, every live stream opened under it.
         self.sessions.drop(request.cookies.get(COOKIE))
+        log.info("dashboard: %s logged out", session.who)
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(COOKIE)
         return response
@@ -401,55 +479,53 @@ class Dashboard:
         )
 
     async def tenant_pause(self, request: Request) -> Response:
-        session = self.session_of(request)
-        form = await self.form(request, session)
-        self._admin_only(session)
-        tenant = self.tenant_of(session, request.path_params["tenant"])
         resume = request.url.path.endswith("/resume")
-        queue = str(form.get("queue", "")).strip()
-        target = f"tenant {tenant}" + (f", queue {queue}" if queue else " (all its queues)")
         verb = "Resume" if resume else "Pause"
-        if (
-            page := self.confirm(request, form, f"{verb} {target}?", danger=not resume)
-        ) is not None:
-            return page
-        await self.a.pause(session.metadata, tenant, queue, resume=resume)
-        self.done(session, verb.lower(), tenant=tenant, queue=queue or "*")
+        async with self.audit(verb.lower(), f"tenant={request.path_params['tenant']}") as act:
+            session = self.session_of(request, act)
+            form = await self.form(request, session)
+            self._admin_only(session)
+            tenant = self.tenant_of(session, request.path_params["tenant"])
+            queue = str(form.get("queue", "")).strip()
+            act.target = f"tenant={tenant} queue={queue or '*'}"
+            target = f"tenant {tenant}" + (f", queue {queue}" if queue else " (all its queues)")
+            question = f"{verb} {target}?"
+            if (page := self.confirm(request, form, act, question, not resume)) is not None:
+                return page
+            await self.a.pause(session.metadata, tenant, queue, resume=resume)
+            act.done()
         return RedirectResponse(f"/tenants/{tenant}", status_code=303)
 
     async def tenant_limits(self, request: Request) -> Response:
-        session = self.session_of(request)
-        form = await self.form(request, session)
-        self._admin_only(session)
-        tenant = self.tenant_of(session, request.path_params["tenant"])
-        # SetTenantLimits replaces the whole message: the fields this form does not show
-        # (retention, dedupe window) keep what the tenant has (GetTenantLimits: the shard's
-        # stats do not carry retention, which the purge reads from Postgres).
-        limits = await self.a.get_limits(session.metadata, tenant)
-        try:
-            shown = common_pb2.TenantLimits(
-                weight=int(form.get("weight") or 0),  # type: ignore[arg-type]
-                max_active=int(form.get("max_active") or 0),  # type: ignore[arg-type]
-                submit_rate_per_s=float(form.get("submit_rate_per_s") or 0),  # type: ignore[arg-type]
-                submit_burst=int(form.get("submit_burst") or 0),  # type: ignore[arg-type]
-                max_pending=int(form.get("max_pending") or 0),  # type: ignore[arg-type]
-                max_pending_bytes=int(form.get("max_pending_bytes") or 0),  # type: ignore[arg-type]
-            )
-            for name in FORM_LIMITS:
-                setattr(limits, name, getattr(shown, name))
-        except (TypeError, ValueError):
-            detail = "Limits are whole numbers (rate: a number)."
-            raise PageError(400, "Bad request", detail) from None
-        if (page := self.confirm(request, form, f"Set the limits of tenant {tenant}?")) is not None:
-            return page
-        await self.a.set_limits(session.metadata, tenant, limits)
-        self.done(session, "set-limits", tenant=tenant, limits=str(limits).replace("\n", " "))
+        async with self.audit("set-limits", f"tenant={request.path_params['tenant']}") as act:
+            session = self.session_of(request, act)
+            form = await self.form(request, session)
+            self._admin_only(session)
+            tenant = self.tenant_of(session, request.path_params["tenant"])
+            # SetTenantLimits replaces the whole message: the fields this form does not show
+            # (retention, dedupe window) keep what the tenant has (GetTenantLimits: the shard's
+            # stats do not carry retention, which the purge reads from Postgres).
+            limits = await self.a.get_limits(session.metadata, tenant)
+            try:
+                for name in FORM_LIMITS:
+                    kind = float if name == "submit_rate_per_s" else int
+                    setattr(limits, name, kind(str(form.get(name) or 0)))
+            except (TypeError, ValueError):
+                detail = "Limits are whole numbers (rate: a number)."
+                raise PageError(400, "Bad request", detail, reason="bad limits") from None
+            question = f"Set the limits of tenant {tenant}?"
+            if (page := self.confirm(request, form, act, question)) is not None:
+                return page
+            await self.a.set_limits(session.metadata, tenant, limits)
+            act.done(limits=str(limits).replace("\n", " "))
         return RedirectResponse(f"/tenants/{tenant}", status_code=303)
 
     @staticmethod
     def _admin_only(session: Session) -> None:
         if not session.is_admin:
-            raise PageError(403, "Not allowed", "This action needs the admin token.")
+            raise PageError(
+                403, "Not allowed", "This action needs the admin token.", reason="admin only"
+            )
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -553,16 +629,44 @@ class Dashboard:
 
     async def job_events(self, request: Request) -> Response:
         """Server-sent events: the job's live panel, re-rendered at every state change
-        (WatchJob), until it is terminal or the page is closed."""
+        (WatchJob), until the job is terminal, the page is closed or the session ends (logout,
+        expiry: then an ``ended`` event, and the WatchJob call is cancelled)."""
         session = self.session_of(request)
         tenant = self.tenant_of(session, request.path_params["tenant"])
         job_id = request.path_params["job_id"]
         call = self.a.watch(session.metadata, tenant, job_id)
         template = self.env.get_template("_job_live.html")
+        sessions = self.sessions
+
+        async def session_over() -> None:
+            """Returns once the session has ended: at once on logout (the event), else at
+            its deadline, which a request in the meantime may have moved on."""
+            while True:
+                left = sessions.deadline(session) - sessions.clock()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(left, 0.0)):
+                        await session.ended.wait()
+                if not sessions.alive(session):
+                    return
 
         async def events() -> AsyncIterator[str]:
+            over = asyncio.ensure_future(session_over())
+            read: asyncio.Future[Any] | None = None
             try:
-                async for job in call:
+                while True:
+                    read = asyncio.ensure_future(call.read())
+                    await asyncio.wait({read, over}, return_when=asyncio.FIRST_COMPLETED)
+                    if not read.done():
+                        log.info(
+                            "dashboard: live view of job %s closed: the session of %s ended",
+                            job_id,
+                            session.who,
+                        )
+                        yield "event: ended\ndata: ended\n\n"
+                        return
+                    job = read.result()
+                    if job is grpc.aio.EOF:
+                        return
                     html = template.render(job=job, **self._job_parts(job))
                     data = "".join(f"data: {line}\n" for line in html.splitlines())
                     yield f"event: job\n{data}\n"
@@ -572,6 +676,9 @@ class Dashboard:
             except grpc.aio.AioRpcError as exc:
                 yield f"event: failed\ndata: {exc.code().name}\n\n"
             finally:
+                over.cancel()
+                if read is not None:
+                    read.cancel()
                 call.cancel()
 
         return StreamingResponse(
@@ -581,14 +688,16 @@ class Dashboard:
         )
 
     async def job_cancel(self, request: Request) -> Response:
-        session = self.session_of(request)
-        form = await self.form(request, session)
-        tenant = self.tenant_of(session, request.path_params["tenant"])
         job_id = request.path_params["job_id"]
-        if (page := self.confirm(request, form, f"Cancel job {job_id}?")) is not None:
-            return page
-        await self.a.cancel(session.metadata, tenant, job_id)
-        self.done(session, "cancel", tenant=tenant, job_id=job_id)
+        target = f"tenant={request.path_params['tenant']} job={job_id}"
+        async with self.audit("cancel", target) as act:
+            session = self.session_of(request, act)
+            form = await self.form(request, session)
+            tenant = self.tenant_of(session, request.path_params["tenant"])
+            if (page := self.confirm(request, form, act, f"Cancel job {job_id}?")) is not None:
+                return page
+            await self.a.cancel(session.metadata, tenant, job_id)
+            act.done()
         return RedirectResponse(f"/tenants/{tenant}/jobs/{job_id}", status_code=303)
 
     # -- dead letters -----------------------------------------------------------------------
@@ -608,29 +717,26 @@ class Dashboard:
         )
 
     async def requeue(self, request: Request) -> Response:
-        session = self.session_of(request)
-        form = await self.form(request, session)
-        tenant = self.tenant_of(session, request.path_params["tenant"])
-        everything = form.get("all") == "1"
-        job_ids = [str(j) for j in form.getlist("job_id")]
-        if not everything and not job_ids:
-            raise PageError(400, "Bad request", "Select dead jobs to requeue, or requeue all.")
-        what = (
-            f"Requeue every dead job of tenant {tenant}?"
-            if everything
-            else f"Requeue {len(job_ids)} dead job{'s' if len(job_ids) != 1 else ''} "
-            f"of tenant {tenant}?"
-        )
-        if (page := self.confirm(request, form, what, danger=False)) is not None:
-            return page
-        resp = await self.a.requeue(session.metadata, tenant, job_ids, all=everything)
-        self.done(
-            session,
-            "requeue",
-            tenant=tenant,
-            jobs="all" if everything else ",".join(job_ids),
-            requeued=resp.requeued_count,
-        )
+        async with self.audit("requeue", f"tenant={request.path_params['tenant']}") as act:
+            session = self.session_of(request, act)
+            form = await self.form(request, session)
+            tenant = self.tenant_of(session, request.path_params["tenant"])
+            everything = form.get("all") == "1"
+            job_ids = [str(j) for j in form.getlist("job_id")]
+            act.target = f"tenant={tenant} jobs={'all' if everything else ','.join(job_ids)}"
+            if not everything and not job_ids:
+                detail = "Select dead jobs to requeue, or requeue all."
+                raise PageError(400, "Bad request", detail, reason="no jobs selected")
+            what = (
+                f"Requeue every dead job of tenant {tenant}?"
+                if everything
+                else f"Requeue {len(job_ids)} dead job{'s' if len(job_ids) != 1 else ''} "
+                f"of tenant {tenant}?"
+            )
+            if (page := self.confirm(request, form, act, what, danger=False)) is not None:
+                return page
+            resp = await self.a.requeue(session.metadata, tenant, job_ids, all=everything)
+            act.done(requeued=resp.requeued_count, not_found=len(resp.not_found_job_ids))
         return self.render(
             request,
             "requeued.html",
@@ -656,22 +762,30 @@ class Dashboard:
         )
 
     async def schedule_delete(self, request: Request) -> Response:
-        session = self.session_of(request)
-        form = await self.form(request, session)
-        tenant = self.tenant_of(session, request.path_params["tenant"])
         schedule_id = request.path_params["schedule_id"]
-        question = f"Delete schedule {schedule_id} of tenant {tenant}?"
-        if (page := self.confirm(request, form, question)) is not None:
-            return page
-        await self.a.delete_schedule(session.metadata, tenant, schedule_id)
-        self.done(session, "delete-schedule", tenant=tenant, schedule_id=schedule_id)
+        target = f"tenant={request.path_params['tenant']} schedule={schedule_id}"
+        async with self.audit("delete-schedule", target) as act:
+            session = self.session_of(request, act)
+            form = await self.form(request, session)
+            tenant = self.tenant_of(session, request.path_params["tenant"])
+            question = f"Delete schedule {schedule_id} of tenant {tenant}?"
+            if (page := self.confirm(request, form, act, question)) is not None:
+                return page
+            await self.a.delete_schedule(session.metadata, tenant, schedule_id)
+            act.done()
         return RedirectResponse(f"/tenants/{tenant}/schedules", status_code=303)
 
     # -- errors -----------------------------------------------------------------------------
 
     def error_page(self, request: Request, status: int, title: str, detail: str) -> Response:
         if status == 401:
-            return RedirectResponse("/login", status_code=303)
+            if "text/html" in request.headers.get("accept", ""):
+                return RedirectResponse("/login", status_code=303)
+            # A poll (htmx, the charts' fetch) or an EventSource reconnecting: a redirect would
+            # be followed to the login page and swapped into the page, or polled on for ever.
+            # A 401 stops an EventSource for good, and htmx follows HX-Redirect with the whole
+            # page, which ends its polling.
+            return Response("Log in again", status_code=401, headers={"hx-redirect": "/login"})
         return self.render(request, "error.html", status, title=title, detail=detail)
 
 
@@ -716,7 +830,10 @@ def create_app(settings: DashboardSettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         dash.api = Api(
-            settings.coordinator, tls=settings.tls, root_certificates=settings.root_certificates
+            settings.coordinator,
+            tls=settings.tls,
+            root_certificates=settings.root_certificates,
+            client_cert=settings.client_cert,
         )
         sampler = asyncio.create_task(dash.samples.run(dash.sample))
         try:

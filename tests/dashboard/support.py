@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import http.client
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 from playwright.async_api import Browser, async_playwright
 
@@ -35,7 +43,7 @@ SCREENSHOTS = "SHARDQ_DASHBOARD_SCREENSHOTS"
 class DashboardProcess:
     """``python -m shardq.coordinator.dashboard`` on a free port, its output kept line by line."""
 
-    def __init__(self, coordinator: str) -> None:
+    def __init__(self, coordinator: str, extra_args: Sequence[str] = ()) -> None:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -47,6 +55,7 @@ class DashboardProcess:
                 coordinator,
                 "--dashboard-sample-interval-s",
                 "1",
+                *extra_args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -71,6 +80,21 @@ class DashboardProcess:
     def output(self) -> str:
         return "\n".join(self.lines)
 
+    def json_lines(self) -> list[dict[str, Any]]:
+        """The process's structured log lines so far (stderr is merged into stdout)."""
+        out = []
+        for line in list(self.lines):
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    def audit_lines(self) -> list[dict[str, Any]]:
+        """The audit lines of admin actions (who, action, target, outcome)."""
+        return [d for d in self.json_lines() if "action" in d and "outcome" in d]
+
     def wait_ready(self, timeout_s: float = 60) -> str:
         if not self._ready.wait(timeout_s):
             raise AssertionError(f"the dashboard did not start:\n{self.output}")
@@ -89,8 +113,10 @@ class DashboardProcess:
 
 
 @asynccontextmanager
-async def dashboard(coordinator: str) -> AsyncIterator[DashboardProcess]:
-    proc = DashboardProcess(coordinator)
+async def dashboard(
+    coordinator: str, extra_args: Sequence[str] = ()
+) -> AsyncIterator[DashboardProcess]:
+    proc = DashboardProcess(coordinator, extra_args)
     try:
         proc.wait_ready()
         yield proc
@@ -126,3 +152,83 @@ def wait_for(predicate: object, timeout_s: float = 60) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: list[tuple[str, str]]
+    body: str
+
+    def header(self, name: str) -> str:
+        return next((v for k, v in self.headers if k.lower() == name.lower()), "")
+
+    def set_cookie(self, name: str) -> str:
+        """The whole Set-Cookie header of cookie ``name`` ("" when none), attributes and all."""
+        prefix = f"{name}="
+        return next(
+            (v for k, v in self.headers if k.lower() == "set-cookie" and v.startswith(prefix)),
+            "",
+        )
+
+
+@dataclass
+class HttpUser:
+    """A user of the dashboard at the HTTP level (no browser): a cookie jar, the form fields
+    that the pages carry, and headers as a proxy in front would add them. Each request runs in
+    a thread: the test's cluster serves gRPC on the test's own event loop."""
+
+    url: str
+    cookies: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def _request(
+        self, method: str, path: str, form: dict[str, str] | None, headers: dict[str, str]
+    ) -> Reply:
+        parts = urlsplit(self.url)
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+        try:
+            sent = {"accept": "text/html", **self.headers, **headers}
+            if self.cookies:
+                sent["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+            body = None
+            if form is not None:
+                body = urlencode(form)
+                sent["content-type"] = "application/x-www-form-urlencoded"
+            conn.request(method, path, body=body, headers=sent)
+            resp = conn.getresponse()
+            reply = Reply(resp.status, resp.getheaders(), resp.read().decode("utf-8", "replace"))
+        finally:
+            conn.close()
+        for name, value in reply.headers:
+            if name.lower() == "set-cookie":
+                for morsel in SimpleCookie(value).values():
+                    if morsel["max-age"] == "0":
+                        self.cookies.pop(morsel.key, None)
+                    else:
+                        self.cookies[morsel.key] = morsel.value
+        return reply
+
+    async def get(self, path: str, **headers: str) -> Reply:
+        return await asyncio.to_thread(self._request, "GET", path, None, headers)
+
+    async def post(self, path: str, form: dict[str, str], **headers: str) -> Reply:
+        return await asyncio.to_thread(self._request, "POST", path, form, headers)
+
+    async def login(self, token: str) -> Reply:
+        """The login form, as a browser fills it in; returns the POST's reply (303 when in)."""
+        page = await self.get("/login")
+        nonce = field_value(page.body, "nonce")
+        return await self.post("/login", {"nonce": nonce, "token": token})
+
+    async def csrf(self, path: str = "/jobs") -> str:
+        """The CSRF token that the forms of a page carry."""
+        page = await self.get(path)
+        assert page.status == 200, (path, page.status, page.body)
+        return field_value(page.body, "csrf")
+
+
+def field_value(html: str, name: str) -> str:
+    found = re.search(rf'name="{name}" value="([^"]*)"', html)
+    assert found, f"no {name} field in:\n{html}"
+    return found.group(1)

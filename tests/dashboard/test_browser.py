@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from playwright.async_api import Page, expect
@@ -230,3 +231,47 @@ async def test_tenant_token_sees_its_own_tenant_only(database_url: str, tmp_path
             f"{dash.url}/tenants/acme/pause", form={"csrf": csrf or "", "confirmed": "1"}
         )
         assert refused.status == 403
+
+
+async def test_logout_closes_the_sessions_live_views(database_url: str, tmp_path: Path) -> None:
+    """A job page following a job live (WatchJob as server-sent events) and an overview
+    polling the cluster, both open in tabs of one login: logging out in a third tab closes the
+    job page's stream (the page says so, the dashboard logs it) and sends the overview to the
+    login page, so neither keeps asking the cluster."""
+    async with (
+        running_cluster(database_url) as cluster,
+        dashboard(cluster.target) as dash,
+        chromium() as browser,
+    ):
+        # No worker: the job stays READY, and only the logout can end its page's stream.
+        job_id = await submit(await cluster.client(TENANT), "dash.gate", {"release": "/x"})
+        context = await browser.new_context()
+        job_page = await context.new_page()
+        await login(job_page, dash.url, cluster.admin_token)
+        await job_page.goto(f"{dash.url}/tenants/{TENANT}/jobs/{job_id}")
+        await expect(job_page.locator("#job-state")).to_have_text("READY", timeout=LONG)
+        # The stream is open before the logout (uvicorn logs the request as it answers it).
+        await until(lambda: any(f"/jobs/{job_id}/events" in line for line in dash.lines))
+        overview = await context.new_page()
+        await overview.goto(f"{dash.url}/")
+        await expect(overview.locator("#shard-table tbody tr")).to_have_count(2)
+
+        other = await context.new_page()
+        await other.goto(f"{dash.url}/tenants/{TENANT}")
+        async with other.expect_navigation():
+            await other.click("form.logout button")
+        await expect(other.locator("h1")).to_have_text("Log in")
+
+        await expect(job_page.locator("#session-ended")).to_be_visible(timeout=LONG)
+        assert await job_page.locator("#live").get_attribute("data-ended") == "1"
+        await expect(overview).to_have_url(f"{dash.url}/login", timeout=LONG)
+        closed = f"live view of job {job_id} closed: the session of admin ended"
+        await until(lambda: any(closed in line for line in dash.lines))
+        assert cluster.admin_token not in dash.output
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = LONG / 1000) -> None:
+    """Until ``predicate()`` holds (the dashboard's output is read by a thread)."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.05)

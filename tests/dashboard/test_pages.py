@@ -73,3 +73,40 @@ def test_sessions_are_found_by_their_id_only_and_end() -> None:
     store.drop(b)
     assert store.get(b) is None
     assert same("x", "x") and not same("", "") and not same("x", "y")
+
+
+class ManualClock:
+    """The store's clock, moved by the test: expiry is checked without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_session_ends_at_its_lifetime_however_active() -> None:
+    clock = ManualClock()
+    store = SessionStore(idle_s=600, max_age_s=3600, clock=clock)
+    session = Session(token="sq_a", role="admin", tenant="")
+    sid = store.create(session)
+    for _ in range(11):  # a request every 5 minutes: never idle
+        clock.now += 300
+        assert store.get(sid) is session
+    assert store.deadline(session) == 1000.0 + 3600  # the lifetime, not the idle limit
+    clock.now = 1000.0 + 3600
+    assert store.get(sid) is None
+    assert session.ended.is_set()  # its live streams wait on this
+
+
+def test_a_session_ends_when_idle_and_at_logout() -> None:
+    clock = ManualClock()
+    store = SessionStore(idle_s=600, max_age_s=3600, clock=clock)
+    idle, out = Session(token="sq_a", role="admin", tenant=""), Session("sq_b", "tenant", "x")
+    idle_id, out_id = store.create(idle), store.create(out)
+    clock.now += 599
+    assert store.alive(idle) and not idle.ended.is_set()
+    store.drop(out_id)
+    assert out.ended.is_set() and store.get(out_id) is None
+    clock.now += 1
+    assert not store.alive(idle) and idle.ended.is_set() and store.get(idle_id) is None

@@ -11,9 +11,14 @@
     title: "lateness of the most overdue scheduled job (ms)", width: width(), height: 160,
     series: [{}, { label: "late by (ms)", stroke: "#b36b00" }],
   }, [[], []], document.getElementById("lateness"));
+  var timer;
   function refresh() {
     fetch("/overview/series.json", { credentials: "same-origin" })
-      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (r) {
+        // The session ended (logout elsewhere, expiry): stop polling, back to the login page.
+        if (r.status === 401) { clearInterval(timer); window.location.href = "/login"; return null; }
+        return r.ok ? r.json() : null;
+      })
       .then(function (s) {
         if (!s) return;
         tp.setData([s.t, s.submitted, s.completed, s.failed]);
@@ -21,5 +26,5 @@
       });
   }
   refresh();
-  setInterval(refresh, 5000);
+  timer = setInterval(refresh, 5000);
 })();

@@ -213,7 +213,9 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line, with the job's IDs when a log call carries them (``extra=``).
     Payloads and tokens are never logged by shardq, so none can appear here."""
 
-    FIELDS = ("job_id", "tenant", "handler", "shard", "worker_id")
+    #: who/action/target/outcome: the dashboard's audit line of an admin action.
+    FIELDS = ("job_id", "tenant", "handler", "shard", "worker_id", "who", "action", "target",
+              "outcome")  # fmt: skip
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
