@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from shardq.coordinator.dashboard import server
-from tests.helm.conftest import Rendered
+from tests.helm.conftest import Doc, Rendered, run_helm, template_args
 from tests.helm.test_chart import FULLNAME, container, env_of
 
 Render = Callable[[str], Rendered]
@@ -55,3 +55,84 @@ def test_on_it_reaches_the_coordinator_with_the_settings_given(
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= labels.items()
+
+
+def dashboard_args(c: Doc, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+    """What the dashboard's own parser reads from the container's variables."""
+    for name, e in env_of(c).items():
+        if "value" in e:
+            monkeypatch.setenv(name, e["value"])
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    return parser.parse_args([])
+
+
+def test_behind_the_charts_tls_ingress_with_mtls_and_two_replicas(
+    render: Render, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The TLS Ingress: the dashboard believes X-Forwarded-Proto (so its cookie is Secure);
+    tls.clientAuth: it presents the client certificate mounted from its own Secret; two
+    replicas: a user's requests stay on the replica that holds their session."""
+    r = render("dashboard-ingress")
+    pod = r.get("Deployment", NAME)["spec"]["template"]["spec"]
+    c = container(pod, "dashboard")
+    args = dashboard_args(c, monkeypatch)
+    assert server.proxy_settings(args.forwarded_allow_ips) == {
+        "proxy_headers": True,
+        "forwarded_allow_ips": ["*"],
+    }
+    settings_args = (args.client_cert_file, args.client_key_file)
+    assert settings_args == ("/etc/shardq/client/tls.crt", "/etc/shardq/client/tls.key")
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["client-cert"] == "/etc/shardq/client"
+    volume = next(v for v in pod["volumes"] if v["name"] == "client-cert")
+    assert volume["secret"]["secretName"] == "shardq-dashboard-client"
+    assert {i["key"] for i in volume["secret"]["items"]} == {"tls.crt", "tls.key"}
+    assert (args.dashboard_session_idle_s, args.dashboard_session_max_age_s) == (3600, 43200)
+
+    ingress = r.get("Ingress", NAME)
+    tls = [{"hosts": ["jobs.example.com"], "secretName": "dashboard-tls"}]
+    assert ingress["spec"]["tls"] == tls
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": NAME, "port": {"name": "http"}}
+    # ingress-nginx balances over the pods itself, past the Service's affinity.
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/affinity"] == "cookie"
+    svc = r.get("Service", NAME)["spec"]
+    assert svc["sessionAffinity"] == "ClientIP"
+    assert svc["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] == 43200
+
+
+def test_one_replica_no_ingress_trusts_no_proxy_and_needs_no_affinity(
+    render: Render, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = render("dashboard")
+    c = container(r.get("Deployment", NAME)["spec"]["template"]["spec"], "dashboard")
+    assert "SHARDQ_FORWARDED_ALLOW_IPS" not in env_of(c)
+    assert server.proxy_settings(dashboard_args(c, monkeypatch).forwarded_allow_ips) == {
+        "proxy_headers": False,
+        "forwarded_allow_ips": [],
+    }
+    assert "sessionAffinity" not in r.get("Service", NAME)["spec"]
+    assert not r.kind("Ingress")
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            ["tls.enabled=true", "tls.existingSecret=s", "tls.clientAuth=true"],
+            "dashboard.clientCertSecret: required with tls.clientAuth",
+        ),
+        (["dashboard.ingress.enabled=true", "dashboard.ingress.tls.enabled=true"],
+         "dashboard.ingress.host: required"),
+        (["dashboard.forwardedAllowIps=ingress-nginx"], "dashboard.forwardedAllowIps"),
+    ],
+)  # fmt: skip
+def test_dashboard_values_that_cannot_work_are_refused(
+    helm: str, sets: list[str], message: str
+) -> None:
+    args = ["--set", "dashboard.enabled=true"]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_helm(helm, *template_args([], args))
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
