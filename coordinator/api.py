@@ -20,6 +20,7 @@ from shardq.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     ShardqError,
 )
 from shardq.common.ids import new_job_id
@@ -52,6 +53,17 @@ from shardq.v1 import (
 #: A listing sends fewer items than page_size rather than go over it.
 MAX_PAGE_BYTES = 3 * 1024 * 1024
 
+#: Bytes a SubmitJob or CreateSchedule request may carry besides its payload (the spec's
+#: other fields: IDs, handler, queue, headers, trace context).
+REQUEST_OVERHEAD_BYTES = 64 * 1024
+#: Most bytes any other request may have: they carry IDs, names and a page token (the largest,
+#: a worker's WatchAssignment with its handler names, or 1,000 IDs to requeue, is far less).
+#: Bigger requests are refused before they are parsed.
+SMALL_REQUEST_BYTES = 256 * 1024
+#: Methods that carry jobs' payloads, bounded by the server's receive limit alone (a payload
+#: over --max-payload-bytes is then refused INVALID_ARGUMENT, naming its field).
+PAYLOAD_METHODS = frozenset({"SubmitJob", "SubmitJobs", "CreateSchedule"})
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -70,10 +82,22 @@ class Malformed:
         raise InvalidArgument(f"the request is not a valid {self.type_name}: {self.error}")
 
 
-def _parse_or_malformed(message_type: type[Message]) -> Callable[[bytes], Any]:
+class Oversized(Malformed):
+    """A request larger than its method takes: refused before it is parsed."""
+
+    def check(self) -> None:
+        # RESOURCE_EXHAUSTED as gRPC's own receive limit answers, with no retry delay: the
+        # same request will never fit.
+        raise ResourceExhausted(self.error, retry_after_ms=None)
+
+
+def _parse_or_malformed(message_type: type[Message], max_bytes: int) -> Callable[[bytes], Any]:
     name = message_type.DESCRIPTOR.full_name
 
     def deserialize(raw: bytes) -> Any:
+        if len(raw) > max_bytes:
+            return Oversized(name, f"the request is {len(raw)} bytes, over the {max_bytes} a "
+                                   f"{name} may have")  # fmt: skip
         try:
             return message_type.FromString(raw)
         except DecodeError as exc:
@@ -93,6 +117,7 @@ def add_services(server: grpc.aio.Server, coord: Coordinator) -> None:
         WorkerService(coord),
     ]
     modules = (jobs_pb2, schedules_pb2, tenants_pb2, admin_pb2, workers_pb2)
+    settings = coord.settings
     for servicer, module in zip(servicers, modules, strict=True):
         service = module.DESCRIPTOR.services_by_name[type(servicer).__name__]
         handlers = {}
@@ -105,7 +130,10 @@ def add_services(server: grpc.aio.Server, coord: Coordinator) -> None:
             handlers[method.name] = make(
                 getattr(servicer, method.name),
                 request_deserializer=_parse_or_malformed(
-                    message_factory.GetMessageClass(method.input_type)
+                    message_factory.GetMessageClass(method.input_type),
+                    settings.max_request_bytes
+                    if method.name in PAYLOAD_METHODS
+                    else SMALL_REQUEST_BYTES,
                 ),
                 response_serializer=_serialize,
             )

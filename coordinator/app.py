@@ -14,7 +14,6 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -23,6 +22,7 @@ from shardq.common import validation
 from shardq.common.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 from shardq.coordinator import limits, retention, tokens
 from shardq.coordinator.errors import Ctx
+from shardq.coordinator.gate import PRINCIPAL, Gate, GateSettings, bearer_token
 from shardq.coordinator.health import DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S, ReadinessChecker
 from shardq.coordinator.metrics import RpcMetrics, SubmitMetrics
 from shardq.coordinator.mover import RedisShards
@@ -63,6 +63,11 @@ class CoordinatorSettings:
     worker_token: str = ""
     #: Most jobs in one SubmitJobs call, and IDs in one RequeueDeadJobs call.
     max_batch_jobs: int = 1_000
+    #: The server's receive limit, in bytes: the largest whole SubmitJobs call. SubmitJob and
+    #: CreateSchedule take a payload's worth, other methods far less (``coordinator.api``).
+    max_request_bytes: int = 16 * 1024 * 1024
+    #: Caps checked before a call's request is read (``coordinator.gate``).
+    gate: GateSettings = field(default_factory=GateSettings)
     #: Admission limits (rate, burst, pending jobs and bytes) a tenant gets where neither its
     #: ``tenant_limits`` entry nor its stored limits (SetTenantLimits) set them: the flags
     #: with SHARDQ_TENANT_LIMITS' ``"*"`` entry over them (see :mod:`coordinator.limits`).
@@ -114,14 +119,6 @@ class CoordinatorSettings:
     mover_poll_s: float = 0.5
 
 
-def bearer_token(metadata: Any) -> str | None:
-    for key, value in metadata or ():
-        if key == "authorization":
-            scheme, _, token = str(value).partition(" ")
-            return token.strip() if scheme.lower() == "bearer" else None
-    return None
-
-
 class Coordinator:
     def __init__(self, settings: CoordinatorSettings) -> None:
         self.settings = settings
@@ -150,6 +147,15 @@ class Coordinator:
         self.metrics_registry = CollectorRegistry()
         self.rpc_metrics = RpcMetrics(self.metrics_registry)
         self.submit_metrics = SubmitMetrics(self.metrics_registry, settings.metrics_top_tenants)
+        #: Authentication, failed-auth throttling and concurrency caps, before any request
+        #: is read (an interceptor, after rpc_metrics so that its refusals are counted).
+        self.gate = Gate(
+            self.check_token,
+            self.token_known,
+            settings.gate,
+            self.metrics_registry,
+            lambda: self.tokens.lookups,
+        )
         #: Deletes result rows past their tenant's retention (one replica at a time).
         self.retention = retention.RetentionPurger(
             self.engine,
@@ -227,7 +233,19 @@ class Coordinator:
         )
 
     async def authenticate(self, context: Ctx) -> Principal:
-        token = bearer_token(context.invocation_metadata())
+        """Who the call acts as: the gate (``coordinator.gate``) has checked its token before
+        the call's request was read."""
+        principal = PRINCIPAL.get()
+        if principal is None:  # a call the gate does not guard (none today)
+            principal = await self.check_token(bearer_token(context.invocation_metadata()))
+        return principal
+
+    def token_known(self, token: str) -> bool:
+        """Whether ``token`` is not a guess to throttle (``TokenStore.known``)."""
+        return self._is_env_worker_token(token) or self.tokens.known(token)
+
+    async def check_token(self, token: str | None) -> Principal:
+        """The principal ``token`` stands for; Unauthenticated when it stands for none."""
         if not token:
             raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
         if self._is_env_worker_token(token):

@@ -117,7 +117,7 @@ def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 def _status(exc: e.ShardqError) -> status_pb2.Status:
     code = CODES.get(type(exc), grpc.StatusCode.INTERNAL)
     status = status_pb2.Status(code=int(code.value[0]), message=shorten(str(exc)))
-    if isinstance(exc, e.ResourceExhausted):
+    if isinstance(exc, e.ResourceExhausted) and exc.retry_after_ms is not None:
         delay = duration_pb2.Duration()
         delay.FromMilliseconds(exc.retry_after_ms)
         detail = any_pb2.Any()
@@ -147,7 +147,7 @@ async def abort(context: Ctx, exc: BaseException) -> NoReturn:
         log.exception("unexpected error")
         await context.abort(grpc.StatusCode.INTERNAL, "internal error")
         raise AssertionError("unreachable") from None
-    if isinstance(err, e.ResourceExhausted):
+    if isinstance(err, e.ResourceExhausted) and err.retry_after_ms is not None:
         context.set_trailing_metadata(((RETRY_AFTER_KEY, str(err.retry_after_ms)),))
     await context.abort_with_status(rpc_status.to_status(_status(err)))
     raise AssertionError("unreachable")

@@ -39,7 +39,7 @@ from prometheus_client.core import (
 )
 
 from shardq.coordinator.errors import CODES, translate
-from shardq.v1 import jobs_pb2
+from shardq.v1 import admin_pb2, jobs_pb2, schedules_pb2, tenants_pb2, workers_pb2
 
 #: Seconds. Finer at the low end than Prometheus' defaults: a submit takes about a millisecond.
 HANDLING_BUCKETS = (
@@ -51,6 +51,28 @@ OTHER = "other"
 
 #: How often the top N tenants are chosen again from the submits of the last period, in s.
 TOP_TENANTS_PERIOD_S = 60.0
+
+
+def _declared_types() -> dict[str, str]:
+    """The grpc_type label of each shardq.v1 method as its proto declares it: the gate
+    (``coordinator.gate``) serves them all as request-streaming, which clients never see."""
+    kinds = {
+        (False, False): "unary",
+        (False, True): "server_stream",
+        (True, False): "client_stream",
+        (True, True): "bidi_stream",
+    }
+    return {
+        f"/{service.full_name}/{method.name}": kinds[
+            method.client_streaming, method.server_streaming
+        ]
+        for module in (jobs_pb2, schedules_pb2, tenants_pb2, admin_pb2, workers_pb2)
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    }
+
+
+DECLARED_TYPES = _declared_types()
 
 if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]
@@ -139,7 +161,9 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
 
     def _method(self, full_name: str, handler: Handler) -> _Method:
         service, _, method = full_name.lstrip("/").rpartition("/")
-        if handler.unary_unary is not None:
+        if full_name in DECLARED_TYPES:
+            rpc_type = DECLARED_TYPES[full_name]
+        elif handler.unary_unary is not None:
             rpc_type = "unary"
         elif handler.unary_stream is not None:
             rpc_type = "server_stream"

@@ -17,7 +17,9 @@ from prometheus_client import ProcessCollector
 from shardq.common import config
 from shardq.common.ops_http import OpsServer
 from shardq.coordinator import api
+from shardq.coordinator.api import REQUEST_OVERHEAD_BYTES
 from shardq.coordinator.app import Coordinator, CoordinatorSettings
+from shardq.coordinator.gate import GateSettings
 from shardq.coordinator.limits import parse_tenant_limits
 from shardq.coordinator.tokens import DEFAULT_STALE_MAX_S
 from shardq.shard.client import MAX_RETENTION_S
@@ -63,10 +65,11 @@ async def build_server(
     coord = Coordinator(settings)
     await coord.start()
     server = grpc.aio.server(
-        # Counts and times every call (coordinator.metrics; its cost: docs/operating.md).
-        interceptors=[coord.rpc_metrics],
+        # Counts and times every call (coordinator.metrics; its cost: docs/operating.md), then
+        # checks it before its request is read (coordinator.gate).
+        interceptors=[coord.rpc_metrics, coord.gate],
         options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_receive_message_length", settings.max_request_bytes),
             ("grpc.keepalive_permit_without_calls", 1),
             # Pings find dead peers, e.g. a frozen worker whose assignment stream looks open.
             ("grpc.keepalive_time_ms", 20_000),
@@ -136,6 +139,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "refuse a submit whose handler no live worker of its queue has (FAILED_PRECONDITION)",
     )
     config.add(p, "--max-payload-bytes", 1_048_576, "largest payload accepted", int)
+    config.add(
+        p,
+        "--max-request-bytes",
+        16 * 1024 * 1024,
+        "largest request read, in bytes: a whole SubmitJobs call (other methods take less)",
+        int,
+    )
+    config.add(
+        p,
+        "--max-calls-per-tenant",
+        GateSettings().max_calls_per_tenant,
+        "unary calls of one tenant in flight on this process",
+        int,
+    )
+    config.add(
+        p,
+        "--max-batch-calls",
+        GateSettings().max_batch_calls,
+        "SubmitJobs calls in flight on this process (each may hold --max-request-bytes)",
+        int,
+    )
+    config.add(
+        p,
+        "--max-streams-per-tenant",
+        GateSettings().max_streams_per_tenant,
+        "WatchJob streams of one tenant open on this process",
+        int,
+    )
+    config.add(p, "--max-streams", GateSettings().max_streams, "streams open on this process", int)
     config.add(
         p,
         "--result-retention-s",
@@ -213,6 +245,20 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         if not getattr(args, flag) >= 0:  # also NaN
             name = "--" + flag.replace("_", "-")
             raise SystemExit(f"shardq-coordinator: {name} must be 0 or more seconds")
+    for flag in (
+        "max_request_bytes",
+        "max_calls_per_tenant",
+        "max_batch_calls",
+        "max_streams_per_tenant",
+        "max_streams",
+    ):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"shardq-coordinator: --{flag.replace('_', '-')} must be 1 or more")
+    if args.max_request_bytes < args.max_payload_bytes + REQUEST_OVERHEAD_BYTES:
+        raise SystemExit(
+            "shardq-coordinator: --max-request-bytes must hold a job of --max-payload-bytes "
+            f"(at least {args.max_payload_bytes + REQUEST_OVERHEAD_BYTES})"
+        )
     try:
         default_limits, tenant_limits = parse_tenant_limits(args.tenant_limits, flags)
     except ValueError as exc:  # json.JSONDecodeError is one
@@ -225,6 +271,13 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         tls_key_file=args.tls_key_file,
         tls_client_ca_file=args.tls_client_ca_file,
         worker_token=args.worker_token,
+        max_request_bytes=args.max_request_bytes,
+        gate=GateSettings(
+            max_calls_per_tenant=args.max_calls_per_tenant,
+            max_batch_calls=args.max_batch_calls,
+            max_streams_per_tenant=args.max_streams_per_tenant,
+            max_streams=args.max_streams,
+        ),
         default_limits=default_limits,
         tenant_limits=tenant_limits,
         reject_unknown_handlers=args.reject_unknown_handlers,

@@ -119,6 +119,11 @@ class _Entry:
     next_lookup_at: float
 
 
+def well_formed(token: object) -> bool:
+    """Whether ``token`` is spelled as a token (``sq_<id>_<secret>``); others need no lookup."""
+    return isinstance(token, str) and TOKEN_RE.fullmatch(token) is not None
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -266,6 +271,19 @@ class TokenStore:
             if entry is not None:
                 entry.next_lookup_at = now + self.retry_s
             return self._serve_stale(entry, now)
+
+    def known(self, token: str) -> bool:
+        """Whether ``token`` is one the gate need not throttle: ``authenticate`` refuses it
+        without a lookup (malformed), answers it from the cache (fresh), or last read it as
+        valid (a refresh of a token seen valid is not a guess)."""
+        if not well_formed(token):
+            return True
+        entry = self._cache.get(hash_token(token))
+        if entry is None:
+            return False
+        now = self._clock()
+        fresh = now < entry.next_lookup_at and now - entry.read_at < self.cache_ttl_s
+        return fresh or entry.principal is not None
 
     def _should_look_up(self, entry: _Entry | None, digest: str, now: float) -> bool:
         """Whether to ask the database now, rather than answer from the cache (or not at all)."""

@@ -34,9 +34,12 @@ class FailedPrecondition(ShardqError):
 
 
 class ResourceExhausted(ShardqError):
-    """Over a quota or a rate; retry after ``retry_after_ms``."""
+    """Over a quota or a rate; retry after ``retry_after_ms`` (None: a retry cannot help, as
+    for a request over a size limit)."""
 
-    def __init__(self, message: str, *, retry_after_ms: int, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, retry_after_ms: int | None, field: str | None = None
+    ) -> None:
         super().__init__(message, field=field)
         self.retry_after_ms = retry_after_ms
 
