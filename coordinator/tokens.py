@@ -274,11 +274,15 @@ class TokenStore:
 
     def known(self, token: str) -> bool:
         """Whether ``token`` is one the gate need not throttle: ``authenticate`` refuses it
-        without a lookup (malformed), answers it from the cache (fresh), or last read it as
-        valid (a refresh of a token seen valid is not a guess)."""
+        without a lookup (malformed), answers it from the cache (fresh) or from a lookup
+        already under way, or last read it as valid (a refresh of a token seen valid is not a
+        guess)."""
         if not well_formed(token):
             return True
-        entry = self._cache.get(hash_token(token))
+        digest = hash_token(token)
+        if digest in self._inflight:
+            return True  # its one lookup is under way: this call shares it, at no cost
+        entry = self._cache.get(digest)
         if entry is None:
             return False
         now = self._clock()
