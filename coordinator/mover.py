@@ -20,6 +20,7 @@ target), so GetJob, CancelJob and WatchJob keep working throughout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -158,10 +159,13 @@ class Mover:
     lease: Fence | None = None
     #: Finished moves whose marks the map drops in one change (one version bump)...
     finish_batch: int = 100
-    #: ...or fewer, once the first of them has waited this long, in seconds.
+    #: ...or fewer, once the first of them has waited this long, in seconds (a timer: a
+    #: finished move's mark does not wait for the next move to finish, nor for the pass's end).
     finish_every_s: float = 5.0
     _to_finish: list[TenantMove] = field(default_factory=list, init=False)
     _first_pending: float = field(default=0.0, init=False)
+    #: Set when a finished move starts a batch: the flusher's cue to start its clock.
+    _batch_started: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     async def run(self, tenants: Sequence[str] | None = None) -> list[MoveReport]:
         """Carry out the moves in progress (those of ``tenants`` only, if given), up to
@@ -172,26 +176,27 @@ class Mover:
         moves = await self._busiest_first(moves, smap)
         gate = asyncio.Semaphore(self.parallel)
         self._to_finish, self._first_pending = [], 0.0
+        self._batch_started.clear()
 
         async def one(move: TenantMove) -> MoveReport | None:
             async with gate:
-                # The map read above may be minutes old by now (300 moves, 4 at a time): a
-                # move aborted meanwhile (`moves abort`, which finds nothing set aside yet)
-                # must not be run from it, or its jobs would land where the map no longer
-                # sends its tenant. What remains is the moment between this read and the
-                # first take; `moves abort` refuses once anything is set aside.
-                if (await self.store.load()).moves.get(move.tenant_id) != move:
-                    return None
                 return await self.move(move, smap)
 
+        flusher = asyncio.create_task(self._flush_on_time(), name="shardq-mover-finish")
         # Every move runs to its end or its error: a shard that cannot be reached stops the
         # moves that need it, not the others (each is resumable where it stopped).
         try:
             results = await asyncio.gather(*(one(m) for m in moves), return_exceptions=True)
         finally:
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher  # a flush that failed (the lease lost) fails the pass
             if self._to_finish:
                 await self._flush_finished()
         failed = [r for r in results if isinstance(r, BaseException)]
+        for exc in failed:
+            if isinstance(exc, MoverLeaseLost):
+                raise exc  # not a move's failure: this mover must stop, the moves are fine
         if failed:
             raise MovesFailed(moves, results)
         return [r for r in results if isinstance(r, MoveReport)]  # None: aborted meanwhile
@@ -209,24 +214,46 @@ class Mover:
             loads.update({t: tenant_load(load) for t, load in found.items()})
         return sorted(moves, key=lambda m: -loads.get(m.tenant_id, -1.0))
 
+    async def _guard(self) -> None:
+        """Go on only while this mover's lease is held (checked with Postgres, before each
+        batch it sets aside): once it is lost another mover may run the same moves."""
+        if self.lease is not None and not await self.lease.check():
+            raise MoverLeaseLost("the mover lease was lost: another mover may run the moves")
+
     async def _finish(self, move: TenantMove) -> None:
         """Drop ``move``'s mark, with those of the moves finished about the same time: one map
         version per ``finish_batch`` moves or ``finish_every_s`` (311 reloads of the map on
         every replica for one ``shards add`` before)."""
-        if self.lease is not None and not await self.lease.check():
-            raise MoverLeaseLost("the mover lease was lost: another mover runs the moves now")
+        await self._guard()
         if not self._to_finish:
             self._first_pending = time.monotonic()
+            self._batch_started.set()
         self._to_finish.append(move)
-        waited = time.monotonic() - self._first_pending
-        if len(self._to_finish) >= self.finish_batch or waited >= self.finish_every_s:
+        if len(self._to_finish) >= self.finish_batch:
             await self._flush_finished()
+
+    async def _flush_on_time(self) -> None:
+        """Drop the marks of a batch of finished moves ``finish_every_s`` after its first one
+        finished, whether or not another move finishes meanwhile: a pass that goes on waiting
+        for one tenant's active jobs (up to ``active_wait_s``) must not keep the moves it
+        finished showing as in progress."""
+        while True:
+            await self._batch_started.wait()
+            self._batch_started.clear()
+            while self._to_finish:
+                wait = self._first_pending + self.finish_every_s - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                else:
+                    await self._flush_finished()
 
     async def _flush_finished(self) -> None:
         batch, self._to_finish = self._to_finish, []
         await self.store.finish_moves(batch, self.lease.pid if self.lease else None)
 
-    async def move(self, move: TenantMove, smap: ShardMap) -> MoveReport:
+    async def move(self, move: TenantMove, smap: ShardMap) -> MoveReport | None:
+        """Run ``move`` to its end (or ``active_wait_s``); None when it was aborted before
+        this mover could start copying."""
         started = time.monotonic()
         report = MoveReport(move.tenant_id, move.from_shard_id, move.to_shard_id)
         src = ShardSide(self.shards.client(smap.shards[move.from_shard_id]), move.tenant_id)
@@ -235,14 +262,26 @@ class Mover:
         # down the move stops untouched, and `moves abort` can still undo it.
         target: Any = dst.shard.redis  # redis-py types ping() as "Awaitable | bool"
         await target.ping()
+        # The point of no return, in Postgres: the move's row says copying from here on, set
+        # only while the row is still there (the map read above may be minutes old: 300
+        # moves, 4 at a time). `moves abort` deletes only rows not copying, so whichever of
+        # the two reaches the row first wins: an abort never succeeds once this mover may
+        # take jobs, and no job is taken for a move aborted meanwhile.
+        if not await self.store.start_copying(move, self.lease.pid if self.lease else None):
+            log.info("move of tenant %s was aborted before it started copying", move.tenant_id)
+            return None
         # The tenant's limits and pauses first, so the target enforces them on its first job.
         await dst.adopt_controls(await src.controls())
         deadline = time.monotonic() + self.active_wait_s
         while True:
+            await self._guard()
             await self._add_counters(move, src, dst)  # a killed run's, before finish asks
             seen = await src.submitted()
             await self._copy_taken(src, dst, report)  # what a killed run left half-way
-            while await src.take(self.batch):
+            while True:
+                await self._guard()  # each batch set aside: only while the lease is held
+                if not await src.take(self.batch):
+                    break
                 await self._copy_taken(src, dst, report)
             if await src.take_schedules():
                 await asyncio.sleep(self.cron_grace_s)

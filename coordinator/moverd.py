@@ -31,8 +31,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import psycopg
 from prometheus_client import CollectorRegistry, Gauge
@@ -40,18 +41,16 @@ from psycopg.rows import TupleRow
 from sqlalchemy.exc import SQLAlchemyError
 
 from shardq.common.errors import FailedPrecondition
-from shardq.coordinator.mover import Mover, MoveReport, MovesFailed, RedisShards
-from shardq.coordinator.shardmap import LEASE_KEY, SHARD_ERRORS, ShardMapStore
+from shardq.coordinator.mover import Fence, Mover, MoveReport, MovesFailed, RedisShards
+from shardq.coordinator.shardmap import LEASE_KEY, SHARD_ERRORS, MoverLeaseLost, ShardMapStore
 from shardq.store import db
 
 log = logging.getLogger("shardq.coordinator.moverd")
 
+T = TypeVar("T")
+
 #: The ``application_name`` of the lease's connection: how ``lease_holder`` tells who it is.
 APP_PREFIX = "shardq-mover"
-
-
-class LeaseLost(Exception):
-    """The mover's lease session is gone: another mover may run the moves now."""
 
 
 class MoverLease:
@@ -247,16 +246,11 @@ class MoverDaemon:
             if not smap.moves:
                 await asyncio.sleep(self.poll_s)
                 continue
-            run = asyncio.create_task(self._pass(), name="shardq-moverd-pass")
             try:
-                while not run.done():
-                    done, _ = await asyncio.wait({run}, timeout=self.poll_s)
-                    if not done and not await self.lease.check():
-                        run.cancel()  # another mover may take over: stop touching the shards
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await run
-                        return
-                run.result()
+                await run_fenced(self._pass(), self.lease, self.poll_s)
+            except MoverLeaseLost as exc:
+                log.warning("mover: %s", exc)
+                return
             except MovesFailed as exc:
                 # A shard that cannot be reached: the moves that need it wait for it, the next
                 # pass tries again (what they did is kept).
@@ -265,9 +259,6 @@ class MoverDaemon:
             except SHARD_ERRORS as exc:
                 log.warning("mover: %s", " ".join(str(exc).split()))
                 await asyncio.sleep(self.poll_s)
-            finally:
-                if not run.done():
-                    run.cancel()
 
     async def _pass(self) -> list[MoveReport]:
         mover = Mover(
@@ -290,15 +281,37 @@ class MoverDaemon:
             self._progress_at = time.monotonic()
 
 
+async def run_fenced(work: Coroutine[Any, Any, T], lease: Fence, poll_s: float) -> T:
+    """Run ``work`` (a mover's pass) only while ``lease`` is held: the lease is checked every
+    ``poll_s`` meanwhile, and the moment a check finds it gone the pass is cancelled and
+    MoverLeaseLost raised, so that it takes nothing more off a shard once another mover may
+    have taken over. (The mover also checks before every batch it takes: ``Mover._guard``.)"""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if not await lease.check():
+                raise MoverLeaseLost("the mover lease was lost: another mover may run the moves")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
 async def run_under_lease(
-    mover: Mover, lease: MoverLease, tenants: Sequence[str] | None
+    mover: Mover, lease: MoverLease, tenants: Sequence[str] | None, poll_s: float = 0.5
 ) -> list[MoveReport] | None:
-    """Run ``tenants``' moves here (a ``shardq`` command) if the lease can be taken; None when
-    another mover holds it (the caller watches instead)."""
+    """Run ``tenants``' moves here (a ``shardq`` command) under the same lease, and fenced the
+    same way, as the cluster's mover (:func:`run_fenced`); None when another mover holds it
+    (the caller watches instead). MoverLeaseLost when the lease is lost mid-pass: the pass
+    has stopped, and what it did is kept for whichever mover holds the lease next."""
     if not await lease.try_acquire():
         return None
     try:
         mover.lease = lease
-        return await mover.run(tenants)
+        return await run_fenced(mover.run(tenants), lease, poll_s)
     finally:
         await lease.release()

@@ -143,6 +143,11 @@ class ShardMapStore:
         #: When set, a change goes as far as computing its result (and its moves), then rolls
         #: back with :class:`Preview`: what ``shardq`` shows before asking.
         self.preview = False
+        #: The version the last change through this store committed as; None when it changed
+        #: nothing (a no-op, or made meanwhile by another command). A command's moves are
+        #: those of *its* version (``moves_of_change``): a change that found nothing to do must
+        #: not adopt the version, and so the moves, another command's change committed as.
+        self.committed: int | None = None
 
     async def version(self) -> int:
         """The current version (0 before the map exists): one indexed single-row read."""
@@ -398,9 +403,22 @@ class ShardMapStore:
                     await self._write_pin(conn, tenant, source)
             if slots:
                 await self._write_slots(conn, sorted(slots.items()))
-            await conn.execute(
-                sa.delete(db.moves).where(db.moves.c.tenant_id.in_([m.tenant_id for m in moves]))
+            # Only moves no mover has started copying (``start_copying``): a mover's mark and
+            # this delete serialize on the row, whichever comes second sees the other's.
+            names = [m.tenant_id for m in moves]
+            deleted = await conn.execute(
+                sa.delete(db.moves).where(db.moves.c.tenant_id.in_(names), ~db.moves.c.copying)
             )
+            if deleted.rowcount != len(moves):
+                copying = await conn.scalars(
+                    sa.select(db.moves.c.tenant_id)
+                    .where(db.moves.c.tenant_id.in_(names), db.moves.c.copying)
+                    .order_by(db.moves.c.tenant_id)
+                )
+                raise MapChangeRefused(
+                    f"copying has started for tenants {', '.join(copying)}: those moves "
+                    "cannot be aborted, let them finish (`shardq moves run`)"
+                )
             new_version = await self._bump(conn, version)
             after = await self._read(conn, new_version)
             assert after is not None
@@ -457,6 +475,24 @@ class ShardMapStore:
             for tenant, shard_id in sorted(new_pins.items()):
                 await self._write_pin(conn, validation.tenant_id(tenant), shard_id)
             return await self._commit(conn, version, bool(changes or new_pins), before, fenced)
+
+    async def start_copying(self, move: TenantMove, lease_pid: int | None = None) -> bool:
+        """Mark ``move`` as copying, just before its mover first takes anything off the
+        source; False when its row is gone (aborted, or finished by another mover). Once
+        marked, ``abort_moves`` refuses it. ``lease_pid`` as in ``finish_move``."""
+        async with self._engine.begin() as conn:
+            if lease_pid is not None and not await self._holds_lease(conn, lease_pid):
+                raise MoverLeaseLost(f"the mover lease is no longer held by session {lease_pid}")
+            marked = await conn.execute(
+                sa.update(db.moves)
+                .where(
+                    db.moves.c.tenant_id == move.tenant_id,
+                    db.moves.c.from_shard_id == move.from_shard_id,
+                    db.moves.c.to_shard_id == move.to_shard_id,
+                )
+                .values(copying=True)
+            )
+            return bool(marked.rowcount)
 
     async def finish_move(self, move: TenantMove, lease_pid: int | None = None) -> bool:
         """Drop ``move``'s in-progress mark (its source holds nothing of the tenant any more);
@@ -520,6 +556,7 @@ class ShardMapStore:
         way (``_start_moves``) unfenced again if the change does not commit."""
         fenced: list[ShardInfo] = []
         self._to_mark = []
+        self.committed = None
         try:
             async with self._engine.begin() as conn:
                 version = await self._lock(conn)
@@ -615,6 +652,7 @@ class ShardMapStore:
         new_version = await self._bump(conn, version)
         after = await self._read(conn, new_version)
         assert after is not None  # the transaction just wrote it
+        self.committed = new_version
         return after
 
     async def _require(self, conn: AsyncConnection, version: int) -> ShardMap:

@@ -31,7 +31,7 @@ from shardq.coordinator.mover import (
 from shardq.coordinator.moverd import MoverLease, lease_holder, run_under_lease
 from shardq.coordinator.placement import ShardMap, TenantMove
 from shardq.coordinator.shardcheck import ShardChecker
-from shardq.coordinator.shardmap import Preview, ShardMapStore
+from shardq.coordinator.shardmap import MoverLeaseLost, Preview, ShardMapStore
 from shardq.shard.models import ShardSettings
 
 PLACEMENT_ARGS = (
@@ -137,14 +137,21 @@ async def change_placement(
         lines = describe_change(before, after)
         if not lines:
             print(f"nothing to change (shard map version {before.version})")
-            return 0
+            return await settle(args, store, mover, {})  # names any others pending
         print("\n".join(lines))
         if not confirm(args):
             print("nothing changed")
             return 1
-        result = await change(store)
+        await change(store)
+        # The version this change committed as, never the map's current one: a change that
+        # found nothing left to do (another command made it while this one asked) has no
+        # moves, and the current version may be another command's, with its moves.
+        version = store.committed
+        if version is None:
+            print("nothing to change any more: the map already says so (another command "
+                  "changed it meanwhile)")  # fmt: skip
+            return await settle(args, store, mover, {})
         smap = await store.load()
-        version = result.version if isinstance(result, ShardMap) else smap.version
         print(f"shard map version {version - 1} -> {version}")
         return await settle(args, store, mover, moves_of_change(smap, version))
 
@@ -203,13 +210,24 @@ async def run_or_watch(
         smap = await store.load()
         left = [t for t, m in moves.items() if smap.moves.get(t) == m]
         if not left:
-            print(f"{plural(total, 'move')} done")
+            # A move whose tenant is placed back on its source was aborted, not done.
+            aborted = [t for t, m in moves.items() if smap.shard_for(t) != m.to_shard_id]
+            if aborted:
+                print(f"{plural(len(aborted), 'move')} aborted meanwhile ({_names(aborted)})")
+            print(f"{plural(total - len(aborted), 'move')} done")
             return 0
         if not await lease_holder(dsn):
             resumes = "the coordinators' mover, or `shardq moves run`, resumes"
             print(f"moving {plural(len(left), 'tenant')} here (interrupt any time: {resumes})",
                   flush=True)  # fmt: skip
-            reports = await run_under_lease(mover, lease, left)
+            try:
+                reports = await run_under_lease(mover, lease, left)
+            except MoverLeaseLost:
+                # Its session ended (Postgres restarted, the connection cut, an operator's
+                # pg_terminate_backend): another mover may hold the lease now. This pass has
+                # stopped; what it did stays for whichever mover holds the lease next.
+                print("the mover lease was lost: stopped moving here", flush=True)
+                continue
             if reports is not None:
                 unfinished = [r for r in reports if not r.finished]
                 for r in unfinished:

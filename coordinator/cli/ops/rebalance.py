@@ -54,7 +54,11 @@ async def rebalance_cmd(args: argparse.Namespace) -> int:
         if not confirm(args):
             print("nothing changed")
             return 1
-        placed = await store.place(the_plan.slot_moves, the_plan.pins)
+        await store.place(the_plan.slot_moves, the_plan.pins)
+        if store.committed is None:  # another command placed them meanwhile: no moves here
+            print("nothing to change any more: the map already says so (another command "
+                  "changed it meanwhile)")  # fmt: skip
+            return await settle(args, store, mover, {})
         after = await store.load()
-        print(f"shard map version {smap.version} -> {placed.version}")
-        return await settle(args, store, mover, moves_of_change(after, placed.version))
+        print(f"shard map version {store.committed - 1} -> {store.committed}")
+        return await settle(args, store, mover, moves_of_change(after, store.committed))

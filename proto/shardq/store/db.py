@@ -91,6 +91,9 @@ moves = sa.Table(
     # The map version the change that recorded the move committed as: the moves of one
     # command share it, so that command acts on its own moves only (0006; NULL before).
     sa.Column("change_version", sa.BigInteger, nullable=True),
+    # Set by the mover just before it first takes anything off the source; `moves abort`
+    # deletes only rows where it is false, so the two serialize on the row (0008).
+    sa.Column("copying", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
 # A single row: the map's version, bumped in the same transaction as every map change.
