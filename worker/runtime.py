@@ -551,6 +551,10 @@ class Worker:
         failures = kinds.get("failure", [])
         released = kinds.get("release", [])
         unrunnable = kinds.get("unrunnable", [])
+        # The jobs the shard says are dead now, when it answered: a failure for want of the
+        # results database dies there once its uncounted attempts are used up ('sr'), which
+        # ``Outcome.dies`` (this worker's own guess, for the row it writes) does not know.
+        died: set[str] | None = None
         try:
             if done:
                 self._count_stale(done, await client.ack([o.run.lease for o in done]))
@@ -571,6 +575,8 @@ class Worker:
                     ]
                 )
                 self._count_stale(failures, [r.code for r in failed])
+                died = {o.run.job.job_id for o, r in zip(failures, failed, strict=True)
+                        if r.code is ItemCode.OK and r.state is JobState.DEAD}  # fmt: skip
             if released:
                 self._count_stale(released, await client.release([o.run.lease for o in released]))
             if unrunnable:
@@ -584,7 +590,10 @@ class Worker:
             log.warning("settling on shard %s failed: %s", shard_id, exc)
         for kind, outcomes in kinds.items():
             for o in outcomes:
-                self.metrics.finished(o.run.job, kind, o.finished_ms - o.run.started_ms, o.dies)
+                dead = (
+                    o.run.job.job_id in died if died is not None and kind == "failure" else o.dies
+                )
+                self.metrics.finished(o.run.job, kind, o.finished_ms - o.run.started_ms, dead)
 
     def _count_stale(self, outcomes: list[Outcome], codes: list[ItemCode]) -> None:
         """A lease found lost by the call that ends it (the heartbeat did not see it first:

@@ -7,13 +7,17 @@ each with its side effect written once."""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import sqlalchemy as sa
 
-from shardq.client import JobState
+from shardq.client import JobState, RetryBackoff
 from shardq.store import db
+from shardq.worker.runtime import STORE_RETRIES
 from tests.support.cluster import running_cluster
+from tests.support.coordinator_proc import wait_for
 from tests.support.outage import proxied_database
+from tests.support.procs import start_worker, wait_until_serving
 from tests.support.workers import running_worker, shard_loops, wait_for_rows
 
 SHORTAGE_S = 10.0
@@ -66,3 +70,56 @@ async def test_ledger_jobs_survive_a_connection_shortage_without_losing_attempts
         retried = [(await client.get_job("acme", s.job_id)).store_retries for s in subs]
         print(f"\nuncounted attempts per job: {retried}")
         assert any(retried), "no job met the shortage: nothing was tested"
+
+
+def dead_count(metrics: str, tenant: str, handler: str) -> float:
+    """``shardq_worker_jobs_total{outcome="dead"}`` of ``tenant``'s ``handler`` jobs."""
+    for line in metrics.splitlines():
+        if (
+            line.startswith("shardq_worker_jobs_total{")
+            and 'outcome="dead"' in line
+            and (f'tenant="{tenant}"' in line and f'handler="{handler}"' in line)
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_a_job_that_dies_after_its_uncounted_attempts_counts_as_dead(
+    database_url: str,
+) -> None:
+    async with (
+        proxied_database(database_url) as (proxy, proxied_url),
+        running_cluster(database_url) as cluster,
+        shard_loops(cluster),
+    ):
+        worker = start_worker(cluster, "w-dead", database_url=proxied_url)
+        try:
+            await wait_until_serving(worker, shards=2)
+            acme = await cluster.client("acme")
+            # The worker's own connection to the results database is open (it reads and
+            # writes rows through it); ``ctx.session`` has none yet and cannot get one.
+            warm = await acme.submit("test.work", {})
+            assert (await acme.wait(warm.job_id, timeout=60)).state == JobState.SUCCEEDED
+            proxy.refuse_new()
+            quick = RetryBackoff(base=0.01, max=0.05, jitter=0)
+            job = await acme.submit(
+                "ledger.add", {"account": "a", "amount": 2}, max_attempts=1, retry=quick
+            )
+            # Handed back uncounted STORE_RETRIES times, then the attempt counts: dead.
+            assert (await acme.wait(job.job_id, timeout=120)).state == JobState.DEAD
+            shard = cluster.coordinator.shard_map.shard_for("acme")
+            client, _ = cluster.coordinator.pool.get(shard)
+            assert (await client.get_job("acme", job.job_id)).store_retries == STORE_RETRIES
+
+            url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+
+            async def dead() -> float:
+                body = await asyncio.to_thread(
+                    lambda: urllib.request.urlopen(url, timeout=5).read()
+                )
+                return dead_count(body.decode(), "acme", "ledger.add")
+
+            # The worker's /metrics counts it among the dead (it counted none before).
+            await wait_for(dead, lambda n: n == 1, timeout_s=30, what="the dead job counted")
+        finally:
+            worker.stop()
