@@ -8,11 +8,12 @@ import logging
 import signal
 import sys
 
-from shardq.common import config
+from shardq.common import config, tls
 from shardq.common.errors import InvalidArgument
 from shardq.common.ops_http import OpsServer
 from shardq.shard.models import ShardSettings
 from shardq.worker import handlers as handler_registry
+from shardq.worker.assignment import CoordinatorTls
 from shardq.worker.metrics import WorkerMetrics
 from shardq.worker.runtime import Worker, serve
 from shardq.worker.settings import DEFAULT_QUEUE, WorkerSettings, default_worker_id, parse_queues
@@ -25,6 +26,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--coordinator", "", "coordinator host:port for shard assignment")
     config.add(p, "--worker-token", "", "token for the coordinator's WorkerService")
     config.add(p, "--tls-ca-file", "", "PEM CA to trust the coordinator's TLS certificate")
+    config.add(
+        p, "--tls-cert-file", "", "PEM client certificate for a coordinator that requires "
+        "one (mTLS; implies TLS; with --tls-key-file)",
+    )  # fmt: skip
+    config.add(p, "--tls-key-file", "", "PEM private key of --tls-cert-file (unencrypted)")
     config.add(p, "--shards", "", "static shards instead: 0=host:port,1=host:port")
     config.add_database_url(p, "Postgres for result rows")
     config.add_redis_password(p)
@@ -64,6 +70,23 @@ def parse_shards(raw: str) -> dict[int, str]:
     return out
 
 
+def coordinator_tls(args: argparse.Namespace) -> CoordinatorTls | None:
+    """TLS to the coordinator from the flags, its files read now (a CA or a client
+    certificate means TLS); None: plaintext. A file that cannot be used is a usage error."""
+    try:
+        root = tls.read_pem("--tls-ca-file", args.tls_ca_file) if args.tls_ca_file else None
+        cert = tls.client_certificate(
+            args.tls_cert_file, args.tls_key_file, "--tls-cert-file", "--tls-key-file"
+        )
+    except tls.TlsFileError as exc:
+        # As argparse's own errors: one line, exit 2, before anything starts.
+        print(f"shardq-worker: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if root is None and cert is None:
+        return None
+    return CoordinatorTls(root, cert)
+
+
 def health(worker: Worker) -> dict[str, object]:
     """/healthz: who this is, what it serves, and the queues it claims on each shard."""
     return {
@@ -77,6 +100,7 @@ def health(worker: Worker) -> dict[str, object]:
 async def run(args: argparse.Namespace) -> None:
     if not args.database_url:
         raise SystemExit("shardq-worker: --database-url (SHARDQ_DATABASE_URL) is required")
+    channel_tls = coordinator_tls(args)
     handler_registry.add_working_folder_to_path()
     try:
         specs = handler_registry.load(args.handlers)
@@ -124,7 +148,7 @@ async def run(args: argparse.Namespace) -> None:
             shards=parse_shards(args.shards) if args.shards else None,
             coordinator=args.coordinator,
             token=args.worker_token,
-            ca_file=args.tls_ca_file,
+            tls=channel_tls,
             stop=stop,
         )
     finally:

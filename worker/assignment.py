@@ -7,6 +7,11 @@ Runs until cancelled.
 A coordinator that is starting, restarting or rolling is a normal event, not one to page
 anyone for: retries (with backoff) log at INFO and DEBUG, one WARNING comes once it has been
 unreachable for ``warn_after_s`` (10 s), and an INFO line says when it is back.
+
+Over TLS (:class:`CoordinatorTls`, read once at start) the worker may present a client
+certificate, for a coordinator that requires one (``--tls-client-ca-file``). A coordinator
+that refuses the worker's certificate, or its lack of one, only closes the connection: the
+retries say what that usually means, and go on (a certificate may be fixed on either side).
 """
 
 from __future__ import annotations
@@ -17,11 +22,11 @@ import random
 import socket
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import grpc
 
+from shardq.common.tls import refusal_hint
 from shardq.v1 import workers_pb2, workers_pb2_grpc
 
 log = logging.getLogger("shardq.worker")
@@ -76,11 +81,38 @@ class Outage:
         self.warned = False
 
 
-def _channel(target: str, ca_file: str) -> grpc.aio.Channel:
-    if ca_file:
-        creds = grpc.ssl_channel_credentials(Path(ca_file).read_bytes())
-        return grpc.aio.secure_channel(target, creds)
+@dataclass(frozen=True, slots=True)
+class CoordinatorTls:
+    """TLS to the coordinator: the CA that verifies it (None: the system's) and the client
+    certificate, (key, chain) PEM, this worker presents to a coordinator that requires one."""
+
+    root_certificates: bytes | None = None
+    client_cert: tuple[bytes, bytes] | None = field(default=None, repr=False)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        key, chain = self.client_cert or (None, None)
+        return grpc.ssl_channel_credentials(self.root_certificates, key, chain)
+
+
+def _channel(target: str, tls: CoordinatorTls | None) -> grpc.aio.Channel:
+    if tls is not None:
+        return grpc.aio.secure_channel(target, tls.credentials())
     return grpc.aio.insecure_channel(target)
+
+
+def _why(exc: grpc.aio.AioRpcError, tls: CoordinatorTls | None) -> str:
+    """What a failed stream says in the log: its code, gRPC's details (one line) and, for a
+    TLS connection closed in its handshake, the likely reason."""
+    details = " ".join((exc.details() or "").split())
+    why = f"{exc.code().name}: {details}" if details else exc.code().name
+    if tls is None:
+        return why
+    hint = refusal_hint(
+        details,
+        client_cert=tls.client_cert is not None,
+        cert_flags="--tls-cert-file and --tls-key-file",
+    )
+    return f"{why}; {hint}" if hint else why
 
 
 async def follow(
@@ -89,12 +121,13 @@ async def follow(
     worker_id: str,
     concurrency: int,
     on_change: OnChange,
-    ca_file: str = "",
+    tls: CoordinatorTls | None = None,
     queues: Sequence[str] = (),
     handlers: Collection[str] = (),
     warn_after_s: float = WARN_AFTER_S,
 ) -> None:
-    """Follow the assignment of this worker, which serves ``queues`` with ``handlers``."""
+    """Follow the assignment of this worker, which serves ``queues`` with ``handlers``
+    (plaintext without ``tls``)."""
     request = workers_pb2.WatchAssignmentRequest(
         worker_id=worker_id,
         hostname=socket.gethostname(),
@@ -106,7 +139,7 @@ async def follow(
     delay = 0.1
     outage = Outage(target, warn_after_s)
     while True:
-        async with _channel(target, ca_file) as channel:
+        async with _channel(target, tls) as channel:
             stub = workers_pb2_grpc.WorkerServiceStub(channel)
             try:
                 async for assignment in stub.WatchAssignment(request, metadata=metadata):
@@ -131,7 +164,7 @@ async def follow(
                     grpc.StatusCode.PERMISSION_DENIED,
                 ):
                     raise
-                outage.failed(exc.code().name)
+                outage.failed(_why(exc, tls))
             else:
                 outage.failed("the assignment stream ended")
         await asyncio.sleep(random.uniform(0, delay))

@@ -45,7 +45,7 @@ from shardq.store.results import (
     write_in_session,
     write_in_sync_session,
 )
-from shardq.worker.assignment import Endpoint, follow
+from shardq.worker.assignment import CoordinatorTls, Endpoint, follow
 from shardq.worker.context import Context, make_context
 from shardq.worker.handlers import HandlerSpec, PermanentFailure, RetryLater
 from shardq.worker.heartbeat import Heartbeater
@@ -696,11 +696,12 @@ async def serve(
     shards: Mapping[int, str] | None = None,
     coordinator: str = "",
     token: str = "",
-    ca_file: str = "",
+    tls: CoordinatorTls | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Run ``worker`` on static ``shards`` or the coordinator's assignment until ``stop`` is
-    set, then drain (in-flight jobs finish within the grace period, the rest go back)."""
+    """Run ``worker`` on static ``shards`` or the coordinator's assignment (reached over
+    ``tls`` when given) until ``stop`` is set, then drain (in-flight jobs finish within the
+    grace period, the rest go back)."""
     if shards is None and not coordinator:
         raise ValueError("give static shards or a coordinator address")
     stop = stop or asyncio.Event()
@@ -718,7 +719,7 @@ async def serve(
                 s.worker_id,
                 s.concurrency,
                 worker.set_shards,
-                ca_file,
+                tls,
                 queues=s.queues,
                 handlers=worker.handlers,
             )

@@ -7,7 +7,9 @@ that does. Its ``kind`` gives it the options of its audience:
 - ``database``: the operator's commands on Postgres, with ``--database-url``; a failure prints
   ``shardq: error: ...`` and exits 1;
 - ``api``: commands over gRPC, with ``--coordinator``, ``--token``, ``--tenant``, ``--tls``,
-  ``--ca-file`` and ``--json``; a failure prints ``error: CODE: message`` and exits 1;
+  ``--ca-file``, ``--cert-file``, ``--key-file`` and ``--json``; a failure prints
+  ``error: CODE: message`` and exits 1, a TLS file that cannot be used
+  ``shardq: error: --FLAG: ...`` and exits 2 (a usage error, as argparse's own);
 - ``local``: neither (``shardq dev`` brings its own).
 """
 
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from shardq.common import config
 from shardq.common.errors import ShardqError
+from shardq.common.tls import TlsFileError, refusal_hint
 
 # Nothing here imports grpc, sqlalchemy or redis at start-up: `shardq --help` and each command
 # load only what they use (bench/startup.py measures it). An exception can only be one of
@@ -132,8 +135,14 @@ def execute(args: argparse.Namespace) -> int:
 
             result = asyncio.run(_await(result))
         return int(result)
+    except TlsFileError as exc:
+        print(f"shardq: error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
-        line = _error_line(exc, calls_api=getattr(args, "calls_api", False))
+        calls_api = getattr(args, "calls_api", False)
+        line = _error_line(exc, calls_api=calls_api)
+        if line is not None and calls_api:
+            line = _with_tls_hint(line, args)
         if line is None:
             raise
         print(line, file=sys.stderr)
@@ -152,6 +161,18 @@ def _error_line(exc: Exception, *, calls_api: bool) -> str | None:
     if calls_api:
         return f"error: {_status_name(exc)}: {exc}"
     return f"shardq: error: {database or exc}"
+
+
+def _with_tls_hint(line: str, args: argparse.Namespace) -> str:
+    """``line`` and, when it is a connection closed in the TLS handshake, what that usually
+    means: gRPC gives a client refused for its certificate no other reason."""
+    over_tls = args.tls or args.ca_file or args.cert_file
+    if not over_tls or not line.startswith("error: UNAVAILABLE: "):
+        return line
+    hint = refusal_hint(
+        line, client_cert=bool(args.cert_file), cert_flags="--cert-file and --key-file"
+    )
+    return f"{line} ({hint})" if hint else line
 
 
 def _status_name(exc: Exception) -> str:

@@ -19,13 +19,12 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import grpc
 
 from shardq.client import AsyncClient, JobRequest, RetryPolicy
-from shardq.common import config
+from shardq.common import config, tls
 from shardq.common.errors import Unauthenticated
 from shardq.coordinator.cli.terminal import plural
 from shardq.coordinator.tools.data_dir import dev_env_file, read_tokens, tokens_path
@@ -153,15 +152,15 @@ def _from_dev_env_file(token: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> Awaitable[int]:
-    """``shardq demo``: reads the token and CA here, submits in the coroutine it returns."""
+    """``shardq demo``: reads the token and TLS files here, submits in the coroutine it
+    returns."""
     token = args.token
     if not token or _from_dev_env_file(token):
         # The env file's SHARDQ_TOKEN is a tenant's; the demo submits for several tenants.
         token = admin_token_from(args.data_dir)
     if args.scale < 1:
         raise ValueError("--scale must be at least 1")
-    root = Path(args.ca_file).read_bytes() if args.ca_file else None
-    return _run(args, token, tls=bool(args.tls or root), root_certificates=root)
+    return _run(args, token, **tls.api_client_options(args))
 
 
 async def _run(args: argparse.Namespace, token: str, **client_options: Any) -> int:

@@ -3,7 +3,6 @@ that present a certificate it signed."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,26 +11,13 @@ import pytest
 
 from shardq.client import AsyncClient, RetryPolicy
 from tests.support.cluster import running_cluster
-
-
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
+from tests.support.pki import make_pki
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-             "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))  # fmt: skip
-    for name, san in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "")):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                 "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))  # fmt: skip
-        ext = d / f"{name}.ext"
-        ext.write_text(san + "\n" if san else "basicConstraints=CA:FALSE\n")
-        _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
-                 "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2",
-                 "-extfile", str(ext), "-out", str(d / f"{name}.pem"))  # fmt: skip
-    yield d
+    """A CA, a server certificate for 127.0.0.1, a client certificate (tests.support.pki)."""
+    yield make_pki(tmp_path_factory.mktemp("pki"))
 
 
 async def test_with_tls_on_only_tls_clients_get_through(database_url: str, pki: Path) -> None:

@@ -1,6 +1,6 @@
 """What an API command sends: the client its connection flags make (``--coordinator``,
-``--token``, ``--tenant``, ``--tls``, ``--ca-file``: ``shardq.common.config``), a page, a JSON
-payload."""
+``--token``, ``--tenant``, ``--tls``, ``--ca-file``, ``--cert-file``, ``--key-file``:
+``shardq.common.config``), a page, a JSON payload."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 import json
 
 from shardq.client import Client, RetryPolicy
+from shardq.common import tls
 from shardq.common.errors import InvalidArgument, Unauthenticated
 from shardq.coordinator.cli.command import arg
 
@@ -21,20 +22,13 @@ def api_client(args: argparse.Namespace) -> Client:
     """A blocking client from the connection options (close it after use)."""
     if not args.token:
         raise Unauthenticated("no token: pass --token or set SHARDQ_TOKEN")
-    root = None
-    if args.ca_file:
-        try:
-            with open(args.ca_file, "rb") as f:
-                root = f.read()
-        except OSError as exc:
-            raise InvalidArgument(f"cannot read {args.ca_file}: {exc}", field="ca_file") from exc
     return Client(
         args.coordinator,
         args.token,
-        tls=bool(args.tls or root),
-        root_certificates=root,
         tenant_id=args.tenant,
         retry=RetryPolicy(attempts=3, cap_s=0.5),
+        # An unreadable file or a certificate without its key: a usage error (exit 2).
+        **tls.api_client_options(args),
     )
 
 

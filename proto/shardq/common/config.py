@@ -191,14 +191,21 @@ def add_log_level(
 
 def add_api_connection(parser: argparse.ArgumentParser) -> None:
     """How a user of the API reaches the coordinator: ``--coordinator``, ``--token``,
-    ``--tenant``, ``--tls`` and ``--ca-file`` (the ``shardq`` commands over gRPC)."""
+    ``--tenant``, ``--tls``, ``--ca-file``, and ``--cert-file``/``--key-file`` for a
+    coordinator that requires client certificates (the ``shardq`` commands over gRPC; the
+    files are read by ``shardq.common.tls.api_client_options``)."""
     add(parser, "--coordinator", "127.0.0.1:50051", "the coordinator's host:port")
     add(parser, "--token", "", "bearer token (a tenant's, or the admin token)")
     parser.add_argument(
         "--tenant", default="", help="tenant to act on (required with the admin token)"
     )
     parser.add_argument("--tls", action="store_true", help="connect with TLS (system CAs)")
-    parser.add_argument("--ca-file", default="", help="PEM CA to verify the server (implies TLS)")
+    add(parser, "--ca-file", "", "PEM CA to verify the server (implies TLS)")
+    add(
+        parser, "--cert-file", "", "PEM client certificate for a coordinator that requires "
+        "one (mTLS; implies TLS; with --key-file)",
+    )  # fmt: skip
+    add(parser, "--key-file", "", "PEM private key of --cert-file (unencrypted)")
 
 
 def redis_url_with_password(url: str, password: str) -> str:
