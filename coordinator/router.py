@@ -46,6 +46,7 @@ from shardq.shard.models import (
     TenantLimits,
     TenantLoad,
 )
+from shardq.shard.moving import ShardSide
 from shardq.shard.records import EnqueueResult, JobRecord, JobState, PreparedJob
 
 #: Times a submit is routed again after a shard refused the map it was routed with.
@@ -377,8 +378,10 @@ class TenantRouter:
     async def cancel(
         self, tenant: str, job_id: str, max_tries: int = MAX_REROUTES * 10
     ) -> PlacedJob:
-        """Cancel the job on its side and read it back. A job that its tenant's move is
-        copying (MOVING) is asked again, on the target once the copy is there."""
+        """Cancel the job on its side and read it back. A job that its tenant's move has set
+        aside (MOVING: off the source's queues, not yet on the target) is carried over to the
+        target here and now (``carry_over``), then cancelled there: the cancel waits neither
+        for the mover nor, if it died, for the next one."""
         for _ in range(max_tries):
             side, record = await self._find(tenant, job_id)
             if record.state is JobState.CANCELLED:
@@ -387,10 +390,47 @@ class TenantRouter:
             if code is not ItemCode.MOVING:
                 record = await side.client.get_job(tenant, job_id)
                 break
-            await asyncio.sleep(CANCEL_RETRY_S)
+            if not await self.carry_over(tenant, job_id):
+                await asyncio.sleep(CANCEL_RETRY_S)  # the move ended meanwhile: look again
         else:
             raise Unavailable("the job's tenant is being moved to another shard; retry")
         return PlacedJob(side.shard_id, record)
+
+    def _move_sides(self, tenant: str) -> tuple[ShardSide, ShardSide] | None:
+        """(source, target) of the tenant's move in progress, None when it is not moving."""
+        move = self.shard_map.moves.get(tenant)
+        if move is None or move.from_shard_id == move.to_shard_id:
+            return None
+        source = ShardSide(self.pool.get(move.from_shard_id)[0], tenant)
+        return source, ShardSide(self.pool.get(move.to_shard_id)[0], tenant)
+
+    async def set_aside(self, tenant: str) -> list[JobRecord]:
+        """The tenant's jobs its move has taken off the source's queues and the target has
+        not got yet: in no queue and no count on either side, and still its jobs (counted,
+        listed; a mover that died leaves them so until the next one resumes). Few: a mover
+        copies each batch it takes before taking another."""
+        sides = self._move_sides(tenant)
+        if sides is None:
+            return []
+        source, target = sides
+        records = await source.set_aside()
+        # Copied but not yet dropped on the source: the target's counts and lists have them.
+        there = await target.holds([r.job_id for r in records])
+        return [r for r in records if r.job_id not in there]
+
+    async def carry_over(self, tenant: str, job_id: str) -> bool:
+        """Copy one set-aside job to its move's target and drop it on the source, the mover's
+        own steps (``shard.moving``: each skips what is done, so racing the mover ends as if
+        only one of them had); False when the tenant is not moving any more."""
+        sides = self._move_sides(tenant)
+        if sides is None:
+            return False
+        source, target = sides
+        jobs = await source.read_jobs([job_id])
+        if jobs:
+            await target.put(jobs=jobs)
+        await source.drop(job_ids=[job_id])
+        return True
 
     async def list_jobs(
         self,
@@ -407,17 +447,23 @@ class TenantRouter:
         while it does not, so the page token the shard gives is the right one for what is
         sent. Returns (items, next page token).
 
-        While the tenant moves, the listing walks the target, then the source: the token is
-        then ``m<side>.<the shard's token>``."""
+        While the tenant moves, the listing walks the target, then the source, then the jobs
+        the move has set aside (``set_aside``): the token is then ``m<part>.<the part's
+        token>``."""
         sides = list(reversed(self.sides(tenant)))
         at, inner = 0, page_token
         if page_token.startswith("m"):
             head, _, inner = page_token[1:].partition(".")
             at = page_offset(head) if head else -1
-            if at not in (0, 1):
+            if at not in (0, 1, 2):
                 raise InvalidArgument("not a token from this listing", field="page_token")
-        if at >= len(sides):
+        parts = len(sides) + 1 if len(sides) > 1 else 1
+        if at >= parts:
             return [], ""  # the move ended while paging: the target's part was listed
+        if at == len(sides):
+            return await self._list_set_aside(
+                tenant, state, page_size, inner, encode, size_of, max_bytes
+            )
         side, size = sides[at], page_size
         while True:
             page = await side.client.list_jobs(tenant, state, size, inner)
@@ -430,9 +476,38 @@ class TenantRouter:
         if len(sides) > 1 or page_token.startswith("m"):
             if token:
                 token = f"m{at}.{token}"
-            elif at + 1 < len(sides):
+            elif at + 1 < parts:
                 token = f"m{at + 1}."
+                if not items:  # nothing in this part: the next one's page, not an empty one
+                    return await self.list_jobs(
+                        tenant, state, page_size, token, encode, size_of, max_bytes
+                    )
         return items, token
+
+    async def _list_set_aside(
+        self,
+        tenant: str,
+        state: JobState,
+        page_size: int,
+        inner: str,
+        encode: Callable[[JobRecord, int], T],
+        size_of: Callable[[T], int],
+        max_bytes: int,
+    ) -> tuple[list[T], str]:
+        """The last part of a moving tenant's listing: its set-aside jobs in ``state``, by
+        job ID (as on the source, where they are)."""
+        offset = page_offset(inner)
+        chosen = [r for r in await self.set_aside(tenant) if r.state is state]
+        source = self.sides(tenant)[0].shard_id
+        size = page_size
+        while True:
+            items = [encode(r, source) for r in chosen[offset : offset + size]]
+            total = sum(size_of(item) for item in items)
+            if total <= max_bytes or size <= 1:
+                break
+            size = max(1, min(size - 1, size * max_bytes // total))
+        end = offset + len(items)
+        return items, f"m2.{end}" if end < len(chosen) else ""
 
     async def requeue_dead(
         self, tenant: str, job_ids: Sequence[str], every: bool = False
@@ -530,9 +605,20 @@ class TenantRouter:
     # --- load -----------------------------------------------------------------------------
 
     async def tenant_load(self, tenant: str) -> tuple[int, TenantLoad]:
-        """(the tenant's shard, its load): during a move, the sum of both sides."""
+        """(the tenant's shard, its load): during a move, the sum of both sides and of the
+        jobs the move has set aside (counted on neither side while it copies them)."""
         shard_id = self.route(tenant).shard_id
         parts = [await side.client.tenant_load(tenant) for side in self.sides(tenant)]
+        aside = [r.state for r in await self.set_aside(tenant)]
+        if aside:
+            parts.append(
+                TenantLoad(
+                    tenant,
+                    scheduled=aside.count(JobState.SCHEDULED),
+                    ready=aside.count(JobState.READY),
+                    dead=aside.count(JobState.DEAD),
+                )
+            )
         load = parts[0]
         for more in parts[1:]:
             load = dataclasses.replace(

@@ -18,7 +18,7 @@ from typing import Any
 from shardq.shard import cron
 from shardq.shard.client import ShardClient
 from shardq.shard.models import TenantLimits
-from shardq.shard.records import DedupeEntry, JobField, JobState
+from shardq.shard.records import DedupeEntry, JobField, JobRecord, JobState
 
 #: The counters (that only grow) a move adds to the target; gauges follow the jobs.
 MOVED_COUNTERS = ("submitted", "succeeded", "failed", "unrunnable")
@@ -104,6 +104,23 @@ class ShardSide:
                 flat = tuple(x for kv in raw.items() for x in kv)
                 out.append(JobCopy(jid, int(pttl), flat))
         return out
+
+    async def set_aside(self) -> list[JobRecord]:
+        """The tenant's jobs taken off this (source) shard's queues and not yet dropped, by
+        job ID: at most a batch or two (a mover copies what it takes before it takes more),
+        more only where a mover died mid-batch. Still the tenant's jobs to the API."""
+        records = await self.shard.records(await self.taken())
+        return [r for r in records if r.tenant == self.tenant]
+
+    async def holds(self, job_ids: Sequence[str]) -> set[str]:
+        """Those of ``job_ids`` this (target) shard has a hash of (copied here already)."""
+        if not job_ids:
+            return set()
+        pipe = self._r.pipeline(transaction=False)
+        for jid in job_ids:
+            pipe.exists(self.keys.job(jid))
+        found = await pipe.execute()
+        return {jid for jid, n in zip(job_ids, found, strict=True) if n}
 
     async def take_schedules(self) -> int:
         return int(await self._run("move_schedules_out", [self.tenant]))
