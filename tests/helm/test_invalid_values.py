@@ -71,7 +71,7 @@ def test_validate_values_lists_every_relation_problem(helm: str) -> None:
     assert "VALUES VALIDATION (5 problem(s))" in err, err
     for expected in (
         "tls.existingSecret: required when tls.enabled",
-        "tls.clientAuth: shardq-worker cannot present a client certificate",
+        "workers.clientCertSecret: required with tls.clientAuth",
         "coordinator.autoscaling: minReplicas (5) is above maxReplicas (3)",
         "coordinator.pdb.minAvailable (5) must be below the coordinator's replicas (5)",
         "workers.groups[1] (default).name: duplicate worker group name",

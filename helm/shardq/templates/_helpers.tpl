@@ -359,8 +359,17 @@ collects every problem and fails once, listing all of them.
 {{- if and $v.tls.clientAuth (not $v.tls.enabled) -}}
 {{- $p = append $p "tls.clientAuth: requires tls.enabled" -}}
 {{- end -}}
-{{- if and $v.tls.clientAuth $v.workers.groups -}}
-{{- $p = append $p "tls.clientAuth: shardq-worker cannot present a client certificate; mTLS cannot be combined with worker groups" -}}
+{{- if $v.tls.clientAuth -}}
+{{- /* The coordinator then refuses a worker without a certificate: it would never get a shard. */ -}}
+{{- $uncertified := list -}}
+{{- range $g := $v.workers.groups -}}
+{{- if not ($g.clientCertSecret | default $v.workers.clientCertSecret) -}}
+{{- $uncertified = append $uncertified $g.name -}}
+{{- end -}}
+{{- end -}}
+{{- if $uncertified -}}
+{{- $p = append $p (printf "workers.clientCertSecret: required with tls.clientAuth (the coordinator refuses workers without a client certificate; groups without one: %s): a kubernetes.io/tls Secret whose tls.crt/tls.key are signed by the ca.crt of tls.existingSecret, or a group's clientCertSecret" (join ", " $uncertified)) -}}
+{{- end -}}
 {{- end -}}
 {{- $ca := $v.coordinator.autoscaling -}}
 {{- if and $ca.enabled (gt (int $ca.minReplicas) (int $ca.maxReplicas)) -}}
