@@ -514,6 +514,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         tenant = validation.tenant_id(request.tenant_id)
         wanted = limits.check(convert.limits_from_pb(request.limits))
         await self.c.limits.put(tenant, wanted)  # the source of truth first: a retry repairs
+        self.c.forget_stream_cap(tenant)
         await self.c.router.set_limits(tenant, wanted)
         return convert.limits_to_pb(self.c.with_defaults(tenant, wanted))
 

@@ -12,6 +12,8 @@ import hmac
 import logging
 import os
 import socket
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -40,6 +42,8 @@ log = logging.getLogger("shardq.coordinator")
 
 #: A result read-back not answered within this many seconds is UNAVAILABLE.
 RESULT_READ_TIMEOUT_S = 5.0
+#: How long a tenant's stream cap (``max_watch_streams``) is reused before it is read again.
+STREAM_CAP_TTL_S = 5.0
 
 #: Who the worker token from the environment (``CoordinatorSettings.worker_token``) acts as.
 ENV_WORKER = Principal(role="worker", tenant_id=None, token_id="env")
@@ -155,7 +159,10 @@ class Coordinator:
             settings.gate,
             self.metrics_registry,
             lambda: self.tokens.lookups,
+            self.stream_cap,
         )
+        #: Each tenant's stream cap as last read: tenant -> (cap, when read).
+        self._stream_caps: OrderedDict[str, tuple[int, float]] = OrderedDict()
         #: Deletes result rows past their tenant's retention (one replica at a time).
         self.retention = retention.RetentionPurger(
             self.engine,
@@ -224,12 +231,40 @@ class Coordinator:
         """The tenant's limits as stored (0 where its row, if any, sets nothing)."""
         return await self.limits.get(tenant) or TenantLimits()
 
+    async def stream_cap(self, tenant: str) -> int:
+        """WatchJob streams the tenant may keep open on this process: its stored
+        ``max_watch_streams``, else ``--max-streams-per-tenant``. Read at most once per
+        STREAM_CAP_TTL_S per tenant (a stream opens far less often than a submit); while
+        Postgres cannot be reached, the last value read, else the default."""
+        now = time.monotonic()
+        cached = self._stream_caps.get(tenant)
+        if cached is not None and now - cached[1] < STREAM_CAP_TTL_S:
+            return cached[0]
+        default = self.settings.gate.max_streams_per_tenant
+        try:
+            async with asyncio.timeout(RESULT_READ_TIMEOUT_S):
+                stored = await self._reads.run(self.stored_limits(tenant))
+        except tokens.UNREACHABLE:  # TimeoutError among them
+            return cached[0] if cached is not None else default
+        cap = stored.max_watch_streams or default
+        self._stream_caps[tenant] = (cap, now)
+        self._stream_caps.move_to_end(tenant)
+        while len(self._stream_caps) > tokens.CACHE_MAX_ENTRIES:
+            self._stream_caps.popitem(last=False)
+        return cap
+
+    def forget_stream_cap(self, tenant: str) -> None:
+        """A limit set through this process applies here at once (elsewhere within
+        STREAM_CAP_TTL_S)."""
+        self._stream_caps.pop(tenant, None)
+
     def with_defaults(self, tenant: str, stored: TenantLimits) -> TenantLimits:
         """``stored`` with this coordinator's defaults, then the shard's, where it sets nothing."""
         return limits.effective(
             limits.overlay(self.limits_for(tenant), stored),
             result_retention_s=self.settings.result_retention_s,
             dedupe_window_s=self.settings.shard.dedupe_ttl_ms // 1000,
+            max_watch_streams=self.settings.gate.max_streams_per_tenant,
         )
 
     async def authenticate(self, context: Ctx) -> Principal:

@@ -182,6 +182,7 @@ def limits_from_pb(m: common_pb2.TenantLimits) -> TenantLimits:
         max_pending_bytes=m.max_pending_bytes,
         result_retention_s=m.result_retention_s,
         dedupe_window_s=m.dedupe_window_s,
+        max_watch_streams=m.max_watch_streams,
     )
 
 
@@ -195,6 +196,7 @@ def limits_to_pb(t: TenantLimits) -> common_pb2.TenantLimits:
         max_pending_bytes=t.max_pending_bytes,
         result_retention_s=t.result_retention_s,
         dedupe_window_s=t.dedupe_window_s,
+        max_watch_streams=t.max_watch_streams,
     )
 
 

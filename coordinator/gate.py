@@ -23,7 +23,8 @@ after these checks:
 3. **Concurrency caps.** Unary calls in flight per tenant (``max_calls_per_tenant``);
    SubmitJobs calls in flight on the process (``max_batch_calls``: each may hold up to the
    server's receive limit in memory, so this bounds what batches can cost); streams
-   (WatchJob) per tenant and streams of any kind on the process. Over a cap the call is
+   (WatchJob) per tenant (its ``max_watch_streams`` limit, else ``max_streams_per_tenant``)
+   and streams of any kind on the process. Over a cap the call is
    refused RESOURCE_EXHAUSTED with a short retry delay, before its request is read.
 
 The caps per tenant apply to tenant tokens; admin and worker tokens (the operator, the
@@ -156,6 +157,7 @@ class Gate(grpc.aio.ServerInterceptor):
         settings: GateSettings,
         registry: CollectorRegistry | None = None,
         lookups: Callable[[], int] = lambda: 0,
+        stream_cap: Callable[[str], Awaitable[int]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._check = check
@@ -163,6 +165,7 @@ class Gate(grpc.aio.ServerInterceptor):
         self.settings = settings
         self._clock = clock
         self._lookups = lookups
+        self._stream_cap = stream_cap
         self._peers: OrderedDict[str, Bucket] = OrderedDict()
         s = settings
         self._unknown = Bucket(s.unknown_tokens_burst, s.unknown_tokens_per_s, clock())
@@ -233,7 +236,7 @@ class Gate(grpc.aio.ServerInterceptor):
         async def gated(_requests: Any, context: Ctx) -> AsyncIterator[Any]:
             try:
                 principal = await self.admit(context)
-                release = self._enter_stream(principal)
+                release = await self._enter_stream(principal)
             except ShardqError as exc:
                 await abort(context, exc)
             try:
@@ -338,14 +341,18 @@ class Gate(grpc.aio.ServerInterceptor):
 
         return release
 
-    def _enter_stream(self, principal: Principal) -> Callable[[], None]:
+    async def _enter_stream(self, principal: Principal) -> Callable[[], None]:
         s = self.settings
         tenant = principal.tenant_id if principal.role == "tenant" else None
-        if tenant is not None and self._streams.get(tenant, 0) >= s.max_streams_per_tenant:
+        cap = s.max_streams_per_tenant
+        if tenant is not None and self._stream_cap is not None:
+            cap = await self._stream_cap(tenant)  # its max_watch_streams, else the default
+        # No await from the check to the count: two streams opening at once cannot both pass.
+        if tenant is not None and self._streams.get(tenant, 0) >= cap:
             self._count("tenant_streams")
             raise ResourceExhausted(
-                f"the tenant has {s.max_streams_per_tenant} streams open on this coordinator, "
-                "the most it may; close one or retry",
+                f"the tenant has {cap} streams open on this coordinator, the most it may; "
+                "close one or retry",
                 retry_after_ms=1_000,
             )
         if self.streams >= s.max_streams:

@@ -17,8 +17,10 @@ by claims, which workers make without the coordinator: those come from a row alo
 
 Two limits are not about admission or claims: ``dedupe_window_s`` (pushed to the shard, whose
 ``enqueue.lua`` reads it from the tenant's hash on every submit; else the shard settings' 24 h)
-and ``result_retention_s`` (read from the row by the purge, ``shardq.coordinator.retention``; else
-``--result-retention-s``). Both come from a row alone, and the server's value otherwise.
+``result_retention_s`` (read from the row by the purge, ``shardq.coordinator.retention``; else
+``--result-retention-s``) and ``max_watch_streams`` (read from the row by the gate when a stream
+opens, ``shardq.coordinator.gate``; else ``--max-streams-per-tenant``). They come from a row
+alone, and the server's value otherwise.
 
 A coordinator that starts pushes nothing: every shard keeps the limits it was last given.
 """
@@ -64,16 +66,20 @@ def overlay(base: TenantLimits, top: TenantLimits) -> TenantLimits:
 
 
 def effective(
-    limits: TenantLimits, result_retention_s: int = 0, dedupe_window_s: int = 0
+    limits: TenantLimits,
+    result_retention_s: int = 0,
+    dedupe_window_s: int = 0,
+    max_watch_streams: int = 0,
 ) -> TenantLimits:
     """``limits`` with the shard's own defaults where still unset: weight 1; and the server's
-    result retention and dedupe window (which no job carries: the purge and the shard's
-    ``enqueue.lua`` apply them)."""
+    result retention, dedupe window and stream cap (which no job carries: the purge, the
+    shard's ``enqueue.lua`` and the coordinator's gate apply them)."""
     return dataclasses.replace(
         limits,
         weight=limits.weight or 1,
         result_retention_s=limits.result_retention_s or result_retention_s,
         dedupe_window_s=limits.dedupe_window_s or dedupe_window_s,
+        max_watch_streams=limits.max_watch_streams or max_watch_streams,
     )
 
 

@@ -895,6 +895,7 @@ def check_limits(limits: TenantLimits) -> TenantLimits:
     validation.int_in_range(limits.max_pending, 0, MAX_COUNT, "max_pending")
     validation.int_in_range(limits.max_pending_bytes, 0, MAX_COUNT, "max_pending_bytes")
     validation.int_in_range(limits.result_retention_s, 0, MAX_RETENTION_S, "result_retention_s")
+    validation.int_in_range(limits.max_watch_streams, 0, MAX_UINT32, "max_watch_streams")
     if limits.dedupe_window_s:
         validation.int_in_range(
             limits.dedupe_window_s, MIN_DEDUPE_WINDOW_S, MAX_DEDUPE_WINDOW_S, "dedupe_window_s"

@@ -104,6 +104,10 @@ class TenantLimits:
     #: ``dedupe``; 0: ``ShardSettings.dedupe_ttl_ms``), in [MIN_DEDUPE_WINDOW_S,
     #: MAX_DEDUPE_WINDOW_S] of ``shard.client`` when set.
     dedupe_window_s: int = 0
+    #: WatchJob streams the tenant may keep open at once on one coordinator process (0: its
+    #: ``--max-streams-per-tenant``). Not on the shard: the coordinators' gate reads it from
+    #: the tenant's row.
+    max_watch_streams: int = 0
 
 
 #: Limits that set nothing (every field 0): the default of ``NewJob.limits``.

@@ -45,7 +45,7 @@ async def test_tenants_limits_shows_the_defaults_of_a_tenant_never_set(shardq: S
     assert doc == {
         "tenant_id": "fresh", "weight": 1, "max_active": 0, "submit_rate_per_s": 0.0,
         "submit_burst": 0, "max_pending": 1_000_000, "max_pending_bytes": 0,
-        "result_retention_s": 0, "dedupe_window_s": 86_400,
+        "result_retention_s": 0, "dedupe_window_s": 86_400, "max_watch_streams": 32,
     }  # fmt: skip
 
 
@@ -69,7 +69,7 @@ async def test_tenants_set_changes_only_the_flags_given_and_shows_before_and_aft
     assert doc["after"] == {
         "weight": 3, "max_active": 4, "submit_rate_per_s": 2.5, "submit_burst": 10,
         "max_pending": 50, "max_pending_bytes": 4096, "result_retention_s": 0,
-        "dedupe_window_s": 86_400,
+        "dedupe_window_s": 86_400, "max_watch_streams": 32,
     }  # fmt: skip
     shard = cluster.coordinator.pool.get(cluster.coordinator.shard_map.shard_for("acme"))[0]
     assert await shard.limits("acme") == TenantLimits(

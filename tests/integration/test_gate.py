@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shardq.client import AsyncClient, RetryPolicy
+from shardq.client import AsyncClient, RetryPolicy, TenantLimits
 from shardq.coordinator.tools.redis_server import RedisProcess
 from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from tests.integration.test_frontdoor_metrics import scrape, tokens, value
@@ -151,16 +151,20 @@ async def guess(coordinator: CoordinatorProcess, n: int) -> dict[grpc.StatusCode
 async def test_a_tenant_over_its_stream_cap_is_refused_and_others_are_not(
     database_url: str,
 ) -> None:
-    cap = 2
+    """acme has the coordinator's default cap (2); other is given 3 through SetTenantLimits."""
     shards = [RedisProcess().start()]
     try:
-        admin = await prepare_database(database_url, shards)
+        admin_token = await prepare_database(database_url, shards)
         acme_token, other_token = await tokens(database_url, "acme", "other")
         async with (
-            coordinator_process(database_url, admin, max_streams_per_tenant=cap) as coordinator,
+            coordinator_process(database_url, admin_token, max_streams_per_tenant=2) as coordinator,
+            AsyncClient(coordinator.target, admin_token, retry=RetryPolicy(attempts=1)) as admin,
             AsyncClient(coordinator.target, acme_token, retry=RetryPolicy(attempts=1)) as acme,
             AsyncClient(coordinator.target, other_token, retry=RetryPolicy(attempts=1)) as other,
         ):
+            answered = await admin.set_tenant_limits(TenantLimits(max_watch_streams=3), "other")
+            assert answered.max_watch_streams == 3
+            assert (await admin.tenant_limits("acme")).max_watch_streams == 2  # the default
             later = await acme.submit("test.work", {}, delay=3600)
             other_later = await other.submit("test.work", {}, delay=3600)
             channel = grpc.aio.insecure_channel(coordinator.target)
@@ -173,17 +177,21 @@ async def test_a_tenant_over_its_stream_cap_is_refused_and_others_are_not(
                 )
                 return call
 
-            open_calls = [watch(acme_token, later.job_id) for _ in range(cap)]
+            async def refused(call: grpc.aio.UnaryStreamCall) -> str:  # type: ignore[type-arg]
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call.read()
+                assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                return info.value.details() or ""
+
+            open_calls = [watch(acme_token, later.job_id) for _ in range(2)]
             for call in open_calls:
                 assert (await call.read()).job_id == later.job_id  # open and streaming
-            over = watch(acme_token, later.job_id)
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await over.read()
-            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "streams open" in (info.value.details() or "")
-            # Another tenant is not held to acme's count.
-            theirs = watch(other_token, other_later.job_id)
-            assert (await theirs.read()).job_id == other_later.job_id
+            assert "2 streams open" in await refused(watch(acme_token, later.job_id))
+            # Another tenant is not held to acme's count, and has its own cap.
+            theirs = [watch(other_token, other_later.job_id) for _ in range(3)]
+            for call in theirs:
+                assert (await call.read()).job_id == other_later.job_id
+            assert "3 streams open" in await refused(watch(other_token, other_later.job_id))
             # A closed stream gives its place back.
             open_calls[0].cancel()
             retry = watch(acme_token, later.job_id)
@@ -197,7 +205,7 @@ async def test_a_tenant_over_its_stream_cap_is_refused_and_others_are_not(
                     retry = watch(acme_token, later.job_id)
             else:
                 raise AssertionError("the cancelled stream's place was never given back")
-            for call in (*open_calls, theirs, retry):
+            for call in (*open_calls, *theirs, retry):
                 call.cancel()
             await channel.close()
     finally:

@@ -148,6 +148,7 @@ async def test_set_tenant_limits_stores_them_pushes_them_and_answers_them_with_d
         max_pending=1_000_000,  # the coordinator's default
         max_pending_bytes=10_000,
         dedupe_window_s=86_400,  # the server's dedupe window
+        max_watch_streams=32,  # the coordinator's --max-streams-per-tenant
     )
     assert await admin.tenant_limits("acme") == answered
     assert stored_row(cluster, "acme") == {
@@ -163,7 +164,7 @@ async def test_set_tenant_limits_stores_them_pushes_them_and_answers_them_with_d
 async def test_a_tenant_never_given_limits_reads_the_defaults(cluster: Cluster) -> None:
     admin = await cluster.client(None)
     assert await admin.tenant_limits("nobody") == Limits(
-        weight=1, max_pending=1_000_000, dedupe_window_s=86_400
+        weight=1, max_pending=1_000_000, dedupe_window_s=86_400, max_watch_streams=32
     )
     assert stored_row(cluster, "nobody") is None
 
@@ -287,7 +288,7 @@ async def test_limits_out_of_range_are_invalid_argument_naming_the_field(
     at_the_limits = Limits(
         weight=1000, max_active=2**32 - 1, submit_rate_per_s=999_999_999.5, submit_burst=2**32 - 1,
         max_pending=2**53, max_pending_bytes=2**53, result_retention_s=100 * 365 * 86_400,
-        dedupe_window_s=7 * 86_400,
+        dedupe_window_s=7 * 86_400, max_watch_streams=2**32 - 1,
     )  # fmt: skip
     assert await admin.set_tenant_limits(at_the_limits, "acme") == at_the_limits
     error = await failure(admin.set_tenant_limits(Limits(), "a b"))
@@ -443,7 +444,9 @@ async def test_stats_show_limits_pauses_pending_bytes_and_unrunnable_jobs(
     await admin.pause(queue="reports")
     try:
         stats = await c.tenant_stats()
-        assert stats.limits == Limits(weight=2, max_pending=1_000_000, dedupe_window_s=86_400)
+        assert stats.limits == Limits(
+            weight=2, max_pending=1_000_000, dedupe_window_s=86_400, max_watch_streams=32
+        )
         assert (stats.pending_bytes, stats.unrunnable_total) == (9, 1)
         assert (stats.paused, list(stats.paused_queues)) == (False, ["emails", "reports"])
         listed = await admin.list_tenant_stats(shard_id=0)

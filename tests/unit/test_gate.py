@@ -177,14 +177,14 @@ def test_calls_in_flight_are_capped_per_tenant_and_batches_per_process() -> None
     assert (g._calls, g.batch_calls) == ({}, 0)
 
 
-def test_streams_are_capped_per_tenant_and_per_process() -> None:
+async def test_streams_are_capped_per_tenant_and_per_process() -> None:
     g, _, _ = gate(max_streams_per_tenant=1, max_streams=2)
-    acme = g._enter_stream(ACME)
+    acme = await g._enter_stream(ACME)
     with pytest.raises(ResourceExhausted, match="1 streams open"):
-        g._enter_stream(ACME)
-    admin = g._enter_stream(ADMIN)
+        await g._enter_stream(ACME)
+    admin = await g._enter_stream(ADMIN)
     with pytest.raises(ResourceExhausted, match="2 streams are open"):
-        g._enter_stream(ADMIN)
+        await g._enter_stream(ADMIN)
     acme()
     admin()
     assert (g._streams, g.streams) == ({}, 0)

@@ -34,6 +34,11 @@ FLAGS: dict[str, tuple[str, type, str]] = {
         int,
         "seconds a request_id is deduplicated after its job is accepted, 30-604800",
     ),
+    "max_watch_streams": (
+        "--max-watch-streams",
+        int,
+        "WatchJob streams open at once on each coordinator process",
+    ),
 }
 #: What 0 means in each field once the server's defaults are applied.
 ZERO_MEANS = {"submit_burst": "max(1, rate)", "result_retention_s": "kept forever"}

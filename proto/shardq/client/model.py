@@ -285,6 +285,7 @@ class TenantLimits:
     max_pending_bytes: int = 0
     result_retention_s: int = 0
     dedupe_window_s: int = 0
+    max_watch_streams: int = 0
 
     @classmethod
     def from_proto(cls, msg: common_pb2.TenantLimits) -> TenantLimits:

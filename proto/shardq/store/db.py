@@ -191,6 +191,8 @@ tenant_limits = sa.Table(
     # request_id stays deduplicated on the shard (0: the server's defaults).
     sa.Column("result_retention_s", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("dedupe_window_s", sa.BigInteger, nullable=False, server_default="0"),
+    # WatchJob streams open at once per coordinator process (0: its default) (0009).
+    sa.Column("max_watch_streams", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=_now()),
     sa.CheckConstraint(f"weight >= 0 AND weight <= {MAX_TENANT_WEIGHT}", name="weight"),
     sa.CheckConstraint(
@@ -201,6 +203,7 @@ tenant_limits = sa.Table(
     sa.CheckConstraint(
         "result_retention_s >= 0 AND dedupe_window_s >= 0", name="retention_not_negative"
     ),
+    sa.CheckConstraint("max_watch_streams >= 0", name="watch_streams_not_negative"),
 )
 
 

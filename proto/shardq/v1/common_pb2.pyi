@@ -549,7 +549,7 @@ class TenantLimits(_message.Message):
     AdminService.SetTenantLimits (stored in Postgres, pushed to the tenant's shard and carried
     by a tenant move); a field left 0 takes the server's default, and a default of 0 means
     no limit.
-    Next ID: 9
+    Next ID: 10
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -562,6 +562,7 @@ class TenantLimits(_message.Message):
     MAX_PENDING_BYTES_FIELD_NUMBER: _builtins.int
     RESULT_RETENTION_S_FIELD_NUMBER: _builtins.int
     DEDUPE_WINDOW_S_FIELD_NUMBER: _builtins.int
+    MAX_WATCH_STREAMS_FIELD_NUMBER: _builtins.int
     weight: _builtins.int
     """Jobs the tenant gets per round-robin turn against the other tenants of its shard and
     queue, from 1 to 1000. 0 means the default (1: an equal share). int32 as JobSpec.priority
@@ -587,6 +588,10 @@ class TenantLimits(_message.Message):
     """Seconds a request_id is remembered for deduplication after its job is accepted. 0 means
     the server default (24 h).
     """
+    max_watch_streams: _builtins.int
+    """Most WatchJob streams the tenant's tokens may keep open at once on one coordinator
+    process. 0 means the coordinator's default (--max-streams-per-tenant, 32).
+    """
     def __init__(
         self,
         *,
@@ -598,10 +603,11 @@ class TenantLimits(_message.Message):
         max_pending_bytes: _builtins.int = ...,
         result_retention_s: _builtins.int = ...,
         dedupe_window_s: _builtins.int = ...,
+        max_watch_streams: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedupe_window_s", b"dedupe_window_s", "max_active", b"max_active", "max_pending", b"max_pending", "max_pending_bytes", b"max_pending_bytes", "result_retention_s", b"result_retention_s", "submit_burst", b"submit_burst", "submit_rate_per_s", b"submit_rate_per_s", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedupe_window_s", b"dedupe_window_s", "max_active", b"max_active", "max_pending", b"max_pending", "max_pending_bytes", b"max_pending_bytes", "max_watch_streams", b"max_watch_streams", "result_retention_s", b"result_retention_s", "submit_burst", b"submit_burst", "submit_rate_per_s", b"submit_rate_per_s", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
