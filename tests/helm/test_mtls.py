@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import posixpath
 from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 
 from shardq.worker import __main__ as worker_main
-from tests.helm.conftest import Doc, Rendered, run_helm, template_args
+from tests.helm.conftest import VALUES_DIR, Doc, Rendered, run_helm, template_args
 from tests.helm.test_chart import FULLNAME, container, env_of, worker_deployments
 
 Render = Callable[[str], Rendered]
@@ -73,9 +74,13 @@ def test_with_client_auth_each_worker_presents_its_groups_certificate(
 
 
 def test_without_client_auth_no_client_certificate_is_mounted(
-    render: Render, monkeypatch: pytest.MonkeyPatch
+    helm: str, yaml_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    r = render("tls")
+    # TLS without clientAuth: a workers.clientCertSecret left in the values is not used.
+    extra = ["--set", "workers.clientCertSecret=unused"]
+    proc = run_helm(helm, *template_args([VALUES_DIR / "tls.yaml"], extra))
+    assert proc.returncode == 0, proc.stderr
+    r = Rendered("tls", [d for d in yaml_mod.safe_load_all(proc.stdout) if d])
     (d,) = worker_deployments(r)
     pod = d["spec"]["template"]["spec"]
     c = container(pod, "worker")
