@@ -229,6 +229,10 @@ class ShardChecker:
     async def mark(self, address: str, shard_id: int) -> None:
         async with asyncio.timeout(self.timeout_s), self._client(address) as shard:
             found = await mark_identity(shard, shard_id)
+            # The marker is what tells this shard's data from another's after a failover:
+            # with --shard-replicas-to-ack it must be on the replicas before the map names
+            # the address (NotReplicated, UNAVAILABLE, otherwise: the change is not made).
+            await shard.wait_for_replicas()
         if found != shard_id:
             raise AddressRefused(f"{address}: holds the data of shard {found}, not {shard_id}")
 

@@ -8,6 +8,7 @@ is sent, so bad input raises :class:`~shard.errors.InvalidArgument` and writes n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from shardq.common import validation
 from shardq.common.clock import Clock, SystemClock
@@ -71,10 +72,12 @@ MAX_CLAIM_QUEUES = 100
 MAX_COUNT = 2**53
 MAX_UINT32 = 2**32 - 1
 MAX_WEIGHT = 1000
-#: Scripts not followed by WAIT under ``ShardSettings.durability``: a claim, a heartbeat or
-#: the loop's lease that a failover loses only re-delivers a job (at-least-once, fenced)
-#: or re-elects a leader, and they are the hot and frequent calls.
-NOT_WAITED = frozenset({"claim", "heartbeat", "leader", "leader_release"})
+#: Scripts not followed by WAIT under ``ShardSettings.durability``: a heartbeat or the loop's
+#: lease that a failover loses only shortens a lease (a re-delivery, fenced: the running
+#: worker's next heartbeat is refused) or re-elects a leader, and they are the frequent calls.
+#: Claims are waited for (``ShardClient.claim``): the fencing counter they raise must survive
+#: a failover, or the promoted replica hands the same (job, token) to a second worker.
+NOT_WAITED = frozenset({"heartbeat", "leader", "leader_release"})
 #: The fields of the limits:{t} hash, in the order of TenantLimits' fields (result_retention_s
 #: aside: Postgres' purge reads it from the tenant's row, the shard has no use for it).
 LIMIT_FIELDS = (
@@ -156,11 +159,33 @@ class ShardClient:
                 raise NotReplicated(f"the shard refused the write: {reply}") from reply
             if isinstance(reply, Exception):
                 raise reply
-            if isinstance(waited, Exception):
-                raise NotReplicated(f"the wait for the shard's replicas failed: {waited}")
-            self.settings.durability.check(waited)
+            try:
+                if isinstance(waited, Exception):
+                    raise NotReplicated(f"the wait for the shard's replicas failed: {waited}")
+                self.settings.durability.check(waited)
+            except NotReplicated as exc:
+                exc.reply = reply  # applied by the primary: the caller may have to undo it
+                raise
             return reply
         raise NoScriptError(f"script {name} was flushed again as it was loaded")
+
+    async def wait_for_replicas(self) -> None:
+        """Where writes wait for replicas (``ShardSettings.durability``), wait until they hold
+        every write the primary has, as after a script; NotReplicated when too few confirm.
+        For writes made outside the scripts (the identity marker: ``shard/moving.py``)."""
+        if not self.settings.durability.replicas:
+            return
+        pipe = self._r.pipeline(transaction=False)
+        pipe.incr(self.keys.wait_mark())  # a write of this connection: the WAIT covers all
+        pipe.execute_command(*self.settings.durability.command())
+        marked, waited = await pipe.execute(raise_on_error=False)
+        if isinstance(marked, ResponseError) and str(marked).startswith("NOREPLICAS"):
+            raise NotReplicated(f"the shard refused the write: {marked}") from marked
+        if isinstance(marked, Exception):
+            raise marked
+        if isinstance(waited, Exception):
+            raise NotReplicated(f"the wait for the shard's replicas failed: {waited}")
+        self.settings.durability.check(waited)
 
     def _now_arg(self) -> int:
         """A script's now_ms ARGV: 0 (read Redis TIME, see ``shard_now`` in lua/_lib.lua) on
@@ -351,12 +376,31 @@ class ShardClient:
         validation.int_in_range(lease_ms, 1, validation.MAX_TIMEOUT_MS, "lease_ms")
         names = _queue_list(queues)
         k = self.keys
-        flat = await self._run(
-            "claim",
-            [k.fence(), k.leases()],
-            [self._now_arg(), lease_ms, max_jobs, worker_id, *names],
-        )
+        # Where writes wait for replicas, a claim waits too (in _run), and its jobs are given
+        # to the worker only once a replica holds the claim: the fencing tokens it took are
+        # then ones a promoted replica will not hand out again. (A token made unique per
+        # primary instead, say with its replication ID, needs the primary change itself
+        # replicated before its first token; that is this WAIT again, once per primary, with
+        # more moving parts; and claims are batched, one WAIT per batch.)
+        try:
+            flat = await self._run(
+                "claim",
+                [k.fence(), k.leases()],
+                [self._now_arg(), lease_ms, max_jobs, worker_id, *names],
+            )
+        except NotReplicated as exc:
+            if exc.reply:
+                await self._give_back(ClaimedJob.from_reply(exc.reply))
+            raise
         return ClaimedJob.from_reply(flat)
+
+    async def _give_back(self, jobs: Sequence[ClaimedJob]) -> None:
+        """Best effort: hand back, uncounted, jobs claimed on a primary whose replicas did not
+        confirm the claim (the worker will not run them). The release is applied by that
+        primary even if its replicas do not confirm it either; if it fails, the leases expire
+        and the reaper hands the jobs out again, as after a worker's crash."""
+        with contextlib.suppress(RedisError):
+            await self.release([Lease(j.job_id, j.fence) for j in jobs])
 
     async def wait_for_work(
         self, timeout_s: float, queues: Sequence[str] = (DEFAULT_QUEUE,)

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -34,14 +34,18 @@ from shardq.coordinator.server import build_server
 from shardq.coordinator.shardcheck import AddressRefused, ShardChecker
 from shardq.coordinator.shardmap import ShardMapStore
 from shardq.coordinator.tokens import TokenStore
+from shardq.coordinator.tools.faults import CuttableProxy
 from shardq.coordinator.tools.reconcile import Accepted, settle
 from shardq.coordinator.tools.redis_server import (
     RedisProcess,
     SentinelProcess,
+    free_port,
     parent_death_prefix,
 )
 from shardq.shard import ShardClient
-from shardq.shard.models import NewJob, ShardSettings
+from shardq.shard.codes import ItemCode
+from shardq.shard.models import Lease, NewJob, ShardSettings
+from shardq.shard.records import JobState
 from shardq.store.migrate import upgrade
 from tests.support.cluster import Cluster, wait_until_listening
 from tests.support.handlers import executions_in
@@ -108,25 +112,43 @@ async def _wait_for(what: str, check: Any, timeout_s: float = 60.0) -> Any:
                 try:
                     last = await check()
                 except (RedisError, OSError) as exc:
-                    last = exc
-                if last:
-                    return last
+                    last = exc  # not yet: an error is no answer (however truthy)
+                else:
+                    if last:
+                        return last
                 await asyncio.sleep(0.1)
     except TimeoutError:
         raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})") from None
 
 
-async def start_group(name: str, replicas: int) -> ShardGroup:
-    primary = RedisProcess(extra_args=FENCE).start()
+async def start_group(
+    name: str,
+    replicas: int,
+    *,
+    fence: bool = True,
+    through: CuttableProxy | None = None,
+    primary_args: Sequence[str] = (),
+) -> ShardGroup:
+    """A primary, ``replicas`` replicas and three sentinels; with ``fence`` the chart's
+    ``min-replicas-to-write``; with ``through``, a proxy to the primary's port (not started
+    yet), the replicas replicate through it (so a test can cut them off)."""
+    args = FENCE if fence else []
+    primary = RedisProcess(port=free_port(), extra_args=[*args, *primary_args])
+    follow_port = primary.port
+    if through is not None:
+        through.target = ("127.0.0.1", primary.port)
+        follow_port = await through.start()
+    primary.start()
     group = ShardGroup(name, primary, [], [])
     try:
         for _ in range(replicas):
-            follow = ["--replicaof", "127.0.0.1", str(primary.port)]
-            group.replicas.append(RedisProcess(extra_args=[*FENCE, *follow]).start())
+            follow = ["--replicaof", "127.0.0.1", str(follow_port)]
+            group.replicas.append(RedisProcess(extra_args=[*args, *follow]).start())
 
         async def good_replicas() -> bool:
             info = await _info(primary.port)
-            return int(info.get("min_slaves_good_slaves", 0)) >= replicas
+            synced = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+            return sum(1 for v in synced if v.get("state") == "online") >= replicas
 
         await _wait_for("the replicas in sync", good_replicas)
         group.sentinels = [SentinelProcess(name, primary.port).start() for _ in range(3)]
@@ -442,3 +464,125 @@ async def test_shards_init_checks_and_marks_the_primary_a_sentinel_group_names(
                 timeout_s=30,
             )
             assert marker == b"0"
+
+
+async def _promoted(group: ShardGroup, old_port: int) -> int:
+    """The new primary's port, once the sentinels have promoted a replica."""
+
+    async def new_port() -> int:
+        port = await group.master_port()
+        return port if port != old_port else 0
+
+    found: int = await _wait_for("the sentinels to promote a replica", new_port)
+    return found
+
+
+async def test_a_claim_lost_in_a_failover_never_leaves_two_workers_with_one_token(
+    groups: list[ShardGroup],
+) -> None:
+    """The fencing counter a claim raises must be on a replica before the worker gets the
+    job: else the primary hands a job to one worker, dies before its replicas heard of it,
+    and the promoted replica hands the same (job, token) to another, and both pass the fence.
+    Here the replicas are cut off (a proxy between them and the primary) when a worker
+    claims: the claim is refused (UNAVAILABLE) and the job handed back, uncounted; after the
+    failover another worker claims it, and no two workers ever held the same token."""
+    proxy = CuttableProxy("127.0.0.1", 0)
+    group = await start_group("shard-fence", replicas=2, fence=False, through=proxy)
+    groups.append(group)
+    settings = ShardSettings(key_prefix=PREFIX, durability=DURABLE)
+    shard = ShardClient(redis_for(group.address, ""), settings)
+    try:
+        a = await shard.submit(NewJob("acme", "h", b"{}", request_id="a"))  # replicated
+        b = await shard.submit(NewJob("acme", "h", b"{}", request_id="b"))
+        (first,) = await shard.claim("w-1", 1, 600_000)  # replicated: it stands
+        assert first.job_id == a.job_id
+        held = [first]
+        proxy.cut()  # the replicas hear nothing more from the primary
+        with pytest.raises(NotReplicated, match="acknowledged by 0 of 1"):
+            held += await shard.claim("w-2", 1, 600_000)
+        # Handed back on the primary: ready again, its attempt not counted.
+        back = await shard.get_job("acme", b.job_id)
+        assert (back.state, back.attempts) == (JobState.READY, 0)
+
+        old_port = group.primary.port
+        group.primary.kill()
+        await _promoted(group, old_port)
+
+        async def claim_again() -> Any:
+            return await shard.claim("w-3", 1, 600_000)
+
+        (second,) = await _wait_for("a claim on the new primary", claim_again)
+        assert second.job_id == b.job_id
+        assert (second.job_id, second.fence) not in {(j.job_id, j.fence) for j in held}
+        assert second.fence > first.fence
+        # Each lease is its holder's alone on the new primary.
+        leases = [Lease(j.job_id, j.fence) for j in (first, second)]
+        assert await shard.heartbeat(leases, 600_000) == [ItemCode.OK, ItemCode.OK]
+    finally:
+        await shard.redis.aclose()
+        await proxy.stop()
+
+
+async def test_the_identity_marker_is_waited_for_like_any_write(
+    groups: list[ShardGroup],
+) -> None:
+    """``shards init`` (ShardChecker.mark) with --shard-replicas-to-ack: a marker that no
+    replica confirms is not taken as written."""
+    group = await start_group("shard-mark", replicas=1, fence=False)
+    groups.append(group)
+    checker = ShardChecker("", ShardSettings(key_prefix=PREFIX, durability=DURABLE))
+    replica = group.replicas[0].proc
+    assert replica is not None
+    replica.send_signal(signal.SIGSTOP)  # still connected, confirms nothing
+    try:
+        with pytest.raises(NotReplicated, match="acknowledged by 0 of 1"):
+            await checker.mark(group.address, 0)
+    finally:
+        replica.send_signal(signal.SIGCONT)
+    await checker.mark(group.address, 0)  # confirmed once the replica answers
+
+
+async def _calls(port: int, command: str) -> int:
+    stats = await _info(port, "commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_after_a_failover_the_pool_sends_nothing_to_the_old_primary(
+    groups: list[ShardGroup],
+) -> None:
+    """A switch that leaves the old primary up and reachable by shardq but not reconfigured
+    by the sentinels (cut off from them; here its CLIENT command is renamed, so the
+    sentinels' MULTI ... SLAVEOF ... CLIENT KILL fails on it and it stays a primary with its
+    clients): once the pool has heard of the switch, no command of its reaches the old
+    primary, neither on its idle connections nor on one that was in use at the switch."""
+    group = await start_group(
+        "shard-pool", replicas=1, fence=False, primary_args=["--rename-command", "CLIENT", ""]
+    )
+    groups.append(group)
+    client = redis_for(group.address, "")
+    pool: Any = client.connection_pool
+    try:
+        await client.set("k", "v")
+        await asyncio.gather(*(client.get("k") for _ in range(8)))  # a few idle connections
+        held = await pool.get_connection()  # and one in use across the switch
+        old_port = group.primary.port
+        assert pool.master_address == ("127.0.0.1", old_port)
+
+        async def failover() -> bool:
+            async with _client(group.sentinels[0].port) as s:
+                return bool(await s.execute_command("SENTINEL", "FAILOVER", group.name))
+
+        await _wait_for("a failover to start", failover)
+        new_port = await _promoted(group, old_port)
+        await _wait_for(
+            "the pool to hear of the switch",
+            lambda: _ready(pool.master_address == ("127.0.0.1", new_port)),
+        )
+        await pool.release(held)
+        assert (await _info(old_port))["role"] == "master"  # still up, still answering
+        before = await _calls(old_port, "get")
+        assert await asyncio.gather(*(client.get("k") for _ in range(20))) == [b"v"] * 20
+        assert await _calls(old_port, "get") == before
+        assert pool.switches == 1
+    finally:
+        await client.aclose()
