@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 import grpc
@@ -16,7 +17,7 @@ from prometheus_client import ProcessCollector
 
 from shardq.common import config
 from shardq.common.ops_http import OpsServer
-from shardq.coordinator import api
+from shardq.coordinator import api, processes
 from shardq.coordinator.api import REQUEST_OVERHEAD_BYTES
 from shardq.coordinator.app import Coordinator, CoordinatorSettings
 from shardq.coordinator.gate import GateSettings
@@ -63,13 +64,15 @@ async def build_server(
 ) -> tuple[grpc.aio.Server, int, Coordinator, health.aio.HealthServicer]:
     """A started coordinator and its (not yet started) server bound to ``settings.listen``."""
     coord = Coordinator(settings)
-    await coord.start()
     server = grpc.aio.server(
         # Counts and times every call (coordinator.metrics; its cost: docs/operating.md), then
         # checks it before its request is read (coordinator.gate).
         interceptors=[coord.rpc_metrics, coord.gate],
         options=[
             ("grpc.max_receive_message_length", settings.max_request_bytes),
+            # One of --processes N shares its port on purpose; alone, a second coordinator
+            # started on a port in use must fail, not silently take half its connections.
+            ("grpc.so_reuseport", 1 if processes.is_child() else 0),
             ("grpc.keepalive_permit_without_calls", 1),
             # Pings find dead peers, e.g. a frozen worker whose assignment stream looks open.
             ("grpc.keepalive_time_ms", 20_000),
@@ -82,10 +85,18 @@ async def build_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
     creds = _credentials(settings)
-    if creds is None:
-        port = server.add_insecure_port(settings.listen)
-    else:
-        port = server.add_secure_port(settings.listen, creds)
+    try:
+        if creds is None:
+            port = server.add_insecure_port(settings.listen)
+        else:
+            port = server.add_secure_port(settings.listen, creds)
+    except RuntimeError:  # grpc's "Failed to bind", its own detail already logged
+        raise SystemExit(
+            f"shardq-coordinator: cannot listen on {settings.listen}: the address is in use "
+            "(another coordinator?) or not this host's"
+        ) from None
+    # Bound first: a coordinator that cannot listen starts nothing (no mover, no purge).
+    await coord.start()
 
     async def follow_readiness(ready: bool) -> None:
         # "" (the whole server, what a Kubernetes grpc probe asks) and each service alike:
@@ -187,6 +198,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         int,
     )
     config.add(p, "--shutdown-grace-s", 10.0, "time in-flight calls get on SIGTERM", float)
+    config.add(
+        p,
+        "--processes",
+        1,
+        "coordinator processes sharing --listen (SO_REUSEPORT), to use more than one core; "
+        "process i serves /metrics on --metrics-port + i",
+        int,
+    )
     # On unless turned off: a recorded move then always finishes (coordinator.moverd).
     var = config.env_name("--run-moves")
     raw = os.environ.get(var, "").strip().lower()
@@ -329,6 +348,17 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config.setup_logging(args.log_level)
+    if args.processes < 1:
+        raise SystemExit("shardq-coordinator: --processes must be 1 or more")
+    if args.processes > 1:
+        if args.listen.rpartition(":")[2] == "0":
+            raise SystemExit("shardq-coordinator: --processes needs a fixed --listen port")
+        settings_from(args)  # refuse bad flags here, once, rather than in every child
+        raise SystemExit(
+            processes.supervise(
+                sys.argv[1:] if argv is None else argv, args.processes, args.metrics_port
+            )
+        )
     asyncio.run(serve(args))
 
 

@@ -9,6 +9,9 @@ runs and reports, not a measurement (no timing is asserted).
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -32,3 +35,19 @@ def test_quick_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
     shardq = [r for r in result["runs"] if r["system"] == "shardq"]
     assert {r["scenario"] for r in shardq} == set(result["scenarios"])
     assert all(r["status"] == "ok" for r in shardq), shardq
+
+
+@pytest.mark.timeout(300)
+def test_the_coordinator_processes_benchmark_runs_and_reports_both_figures() -> None:
+    """``bench/coordinator_processes.py`` at its smallest: both settings report a rate and a
+    CPU cost (not a measurement: nothing about their values is asserted but that they exist)."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "coordinator_processes.py"), "--seconds", "1",
+         "--repeat", "1", "--producers", "1", "--in-flight", "4"],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for n in (1, 2):
+        figures = report[f"processes_{n}"]
+        assert figures["jobs_per_s"] > 0 and figures["coordinator_cpu_us_per_call"] > 0

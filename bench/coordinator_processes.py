@@ -1,0 +1,175 @@
+"""Unary SubmitJob through ``shardq-coordinator --processes 1`` and ``--processes 2``.
+
+One Redis shard, a throwaway database on the machine's Postgres, no workers. Producers are
+separate processes (``--producers``), each with its own connection and ``--in-flight`` calls
+in flight: one process's channels to one target share a connection, which SO_REUSEPORT would
+pin to one coordinator process. The runs alternate (1, 2, 1, 2, ...) and the medians are
+printed with the coordinator's CPU per call (its processes' user + system time / calls).
+
+    python bench/coordinator_processes.py --seconds 10 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psycopg
+
+from shardq.client import AsyncClient, RetryPolicy
+from shardq.coordinator.shardmap import ShardMapStore
+from shardq.coordinator.tokens import TokenStore
+from shardq.coordinator.tools.redis_server import RedisProcess, free_port, parent_death_prefix
+from shardq.store import db
+from shardq.store.migrate import upgrade
+
+POSTGRES = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _producer(target: str, token: str, seconds: float, in_flight: int, out: object) -> None:
+    async def go() -> int:
+        done = 0
+        own = [("grpc.use_local_subchannel_pool", 1)]
+        async with AsyncClient(
+            target, token, retry=RetryPolicy(attempts=3), channel_options=own
+        ) as client:
+            await client.submit("bench.noop", {})
+            end = time.monotonic() + seconds
+
+            async def lane() -> None:
+                nonlocal done
+                while time.monotonic() < end:
+                    await client.submit("bench.noop", {"n": done})
+                    done += 1
+
+            await asyncio.gather(*(lane() for _ in range(in_flight)))
+        return done
+
+    out.put(asyncio.run(go()))  # type: ignore[attr-defined]
+
+
+def _cpu_s(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    return [int(p) for p in out.stdout.split()] or [pid]
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def run_once(url: str, token: str, processes: int, args: argparse.Namespace) -> dict[str, float]:
+    port, ops = free_port(), free_port()
+    env = {
+        **os.environ,
+        "SHARDQ_LISTEN": f"127.0.0.1:{port}",
+        "SHARDQ_METRICS_PORT": str(ops),
+        "SHARDQ_DATABASE_URL": url,
+        "SHARDQ_LOG_LEVEL": "WARNING",
+        "SHARDQ_PROCESSES": str(processes),
+        "SHARDQ_RUN_MOVES": "false",
+    }
+    coordinator = subprocess.Popen(
+        [*parent_death_prefix(), sys.executable, "-m", "shardq.coordinator.server"], env=env
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _healthy(ops):
+            if time.monotonic() > deadline or coordinator.poll() is not None:
+                raise RuntimeError("the coordinator did not start")
+            time.sleep(0.1)
+        time.sleep(1)  # every child up (the first's /healthz answers first)
+        pids = _children(coordinator.pid) if processes > 1 else [coordinator.pid]
+        queue: multiprocessing.Queue[int] = multiprocessing.Queue()
+        producers = [
+            multiprocessing.Process(
+                target=_producer,
+                args=(f"127.0.0.1:{port}", token, args.seconds, args.in_flight, queue),
+            )
+            for _ in range(args.producers)
+        ]
+        cpu0, t0 = _cpu_s(pids), time.monotonic()
+        for p in producers:
+            p.start()
+        calls = sum(queue.get(timeout=args.seconds + 60) for _ in producers)
+        for p in producers:
+            p.join()
+        elapsed, cpu = time.monotonic() - t0, _cpu_s(pids) - cpu0
+        return {
+            "jobs_per_s": calls / elapsed,
+            "coordinator_cpu_us_per_call": cpu / calls * 1e6,
+        }
+    finally:
+        coordinator.terminate()
+        coordinator.wait(30)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=10.0, help="length of each run")
+    p.add_argument("--producers", type=int, default=2, help="producer processes")
+    p.add_argument("--in-flight", type=int, default=32, help="calls in flight per producer")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of (1, 2) processes")
+    args = p.parse_args()
+    shard = RedisProcess().start()
+    name = f"shardq_bench_procs_{secrets.token_hex(3)}"
+    with psycopg.connect(POSTGRES, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = db.sqlalchemy_url(POSTGRES.rsplit("/", 1)[0] + "/" + name)
+    try:
+        upgrade(url)
+
+        async def prepare() -> str:
+            engine = db.make_engine(url)
+            try:
+                await ShardMapStore(engine).sync_shards([f"127.0.0.1:{shard.port}"])
+                return (await TokenStore(engine).create("tenant", "bench"))[1]
+            finally:
+                await engine.dispose()
+
+        token = asyncio.run(prepare())
+        runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+        for _ in range(args.repeat):
+            for processes in (1, 2):
+                runs[processes].append(run_once(url, token, processes, args))
+        report = {
+            f"processes_{n}": {k: round(statistics.median(r[k] for r in rs), 1) for k in rs[0]}
+            for n, rs in runs.items()
+        }
+        report["config"] = {  # type: ignore[assignment]
+            "producers": args.producers,
+            "in_flight_each": args.in_flight,
+            "seconds": args.seconds,
+            "repeat": args.repeat,
+            "cpus": os.cpu_count(),
+        }
+        print(json.dumps(report, indent=2))
+    finally:
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        shard.cleanup()
+
+
+if __name__ == "__main__":
+    main()
