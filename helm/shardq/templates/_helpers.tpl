@@ -233,12 +233,13 @@ securityContext:
 {{/*
 Node placement of a component's pods: nodeSelector, tolerations, affinity and
 topologySpreadConstraints. Call with (dict "ctx" $ "component" "coordinator" "v" <its values>
-"defaults" <values its presets default to, optional>).
+"defaults" <values its presets default to, optional> "peers" <more label sets, optional>).
 
 - affinity: the component's `affinity` when set (it replaces the preset, whole); else the
   `podAntiAffinityPreset`: `soft` prefers, `hard` requires, one pod of the component per node
   (kubernetes.io/hostname); `none` sets nothing. Losing a node then takes one coordinator or
-  one shard, not several.
+  one shard, not several. Each of `peers` (matchLabels) is kept off the pod's node the same way:
+  a shard's replicas name their primary and each other, so no node holds two copies of a shard.
 - topologySpreadConstraints: the component's `topologySpreadConstraints` when not empty (each
   one without a labelSelector gets the component's); else the `zoneSpreadPreset`: `soft`
   (ScheduleAnyway) or `hard` (DoNotSchedule) spreads the pods over topology.kubernetes.io/zone
@@ -265,20 +266,24 @@ affinity:
 affinity:
   podAntiAffinity:
     preferredDuringSchedulingIgnoredDuringExecution:
+      {{- range (prepend (.peers | default list) $selector) }}
       - weight: 100
         podAffinityTerm:
           topologyKey: kubernetes.io/hostname
           labelSelector:
             matchLabels:
-              {{- toYaml $selector | nindent 14 }}
+              {{- toYaml . | nindent 14 }}
+      {{- end }}
 {{- else if eq $anti "hard" }}
 affinity:
   podAntiAffinity:
     requiredDuringSchedulingIgnoredDuringExecution:
+      {{- range (prepend (.peers | default list) $selector) }}
       - topologyKey: kubernetes.io/hostname
         labelSelector:
           matchLabels:
-            {{- toYaml $selector | nindent 12 }}
+            {{- toYaml . | nindent 12 }}
+      {{- end }}
 {{- end }}
 {{- if $v.topologySpreadConstraints }}
 {{- $constraints := list }}

@@ -30,10 +30,6 @@ args:
   - --maxmemory
   - {{ $r.maxmemory | quote }}
   {{- end }}
-  - --requirepass
-  - $(REDIS_PASSWORD)
-  - --masterauth
-  - $(REDIS_PASSWORD)
   - --replica-announce-ip
   - $(POD_FQDN)
   - --min-replicas-to-write
@@ -111,6 +107,22 @@ volumeMounts:
     mountPath: /scripts
 {{- end -}}
 
+{{/*
+Shell lines that write the Redis password ($REDIS_PASSWORD, from the Secret) into a config file
+that redis-server reads first ($REDIS_AUTH_CONF, under $TMPDIR or /tmp: the pod's own emptyDir),
+so that no command line carries it (`ps`, /proc/<pid>/cmdline: anyone on the node could read
+it there). Only shell builtins see the password as an argument (printf); sed, which escapes
+the quotes and backslashes a Redis config string must escape, reads it on its standard input.
+The file is the process's own (umask 077). masterauth too: any shard Redis may become a replica.
+*/}}
+{{- define "shardq.redis.authConf" -}}
+umask 077
+REDIS_AUTH_CONF="${TMPDIR:-/tmp}/redis-auth.conf"
+pw=$(printf '%s' "$REDIS_PASSWORD" | sed 's/[\\"]/\\&/g')
+printf 'requirepass "%s"\nmasterauth "%s"\n' "$pw" "$pw" > "$REDIS_AUTH_CONF"
+unset pw
+{{- end -}}
+
 {{/* The pods of a shard's Sentinel groups, which reach each other's Redis and sentinel ports. */}}
 {{- define "shardq.sentinel.peers" -}}
 {{- range $c := list "shard" "shard-replica" "sentinel" }}
@@ -123,4 +135,23 @@ volumeMounts:
 {{/* shard i's address in the shard map for its loop: its Sentinel group (SHARDQ_SHARD_ID is set before). */}}
 {{- define "shardq.sentinel.loopUrl" -}}
 sentinel://{{ include "shardq.sentinel.group" . }}/{{ include "shardq.shard.fullname" . }}-$(SHARDQ_SHARD_ID)
+{{- end -}}
+
+
+{{/* Every shard's Redis as host:port, pod i of the shard StatefulSet first, then its replicas:
+','-separated, shards ';'-separated (start-sentinel.sh's SHARD_REDIS_HOSTS). */}}
+{{- define "shardq.sentinel.redisHosts" -}}
+{{- $s := .Values.shards -}}
+{{- $shard := include "shardq.shard.fullname" . -}}
+{{- $domain := printf "%s.svc.%s" .Release.Namespace .Values.clusterDomain -}}
+{{- $port := int $s.redis.port -}}
+{{- $groups := list -}}
+{{- range $i := until (int $s.count) -}}
+{{- $hosts := list (printf "%s-%d.%s.%s:%d" $shard $i $shard $domain $port) -}}
+{{- range $j := until (int $s.sentinel.replicas) -}}
+{{- $hosts = append $hosts (printf "%s-%d-replica-%d.%s-replica.%s:%d" $shard $i $j $shard $domain $port) -}}
+{{- end -}}
+{{- $groups = append $groups (join "," $hosts) -}}
+{{- end -}}
+{{- join ";" $groups -}}
 {{- end -}}

@@ -1,0 +1,245 @@
+"""The chart's Sentinel mode and its Redis password, rendered by the real helm and, for the
+scripts the pods start with, run against real redis-server and redis-sentinel processes:
+
+- a shard's replicas are kept off the host of its primary pod and of each other;
+- sentinels that all restart at once take the shard's primary from its Redis (a promoted
+  replica), not from the pod that was primary first;
+- no command line carries the Redis password (``ps`` shows every argv on the node).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+
+from shardq.coordinator.tools.redis_server import RedisProcess, free_port
+from tests.helm.conftest import VALUES_DIR, VALUES_FILES, Doc, Rendered, run_helm, template_args
+from tests.helm.test_chart import FULLNAME, container, pod_specs
+
+Render = Callable[[str], Rendered]
+PASSWORD = 'pa ss"wo\\rd'  # a space, a quote and a backslash: written into a config string
+
+
+def _render(helm: str, yaml_mod: ModuleType, *sets: str) -> Rendered:
+    extra = [arg for s in sets for arg in ("--set", s)]
+    proc = run_helm(helm, *template_args([VALUES_DIR / "sentinel.yaml"], extra))
+    assert proc.returncode == 0, proc.stderr
+    return Rendered(
+        "sentinel+" + ",".join(sets), [d for d in yaml_mod.safe_load_all(proc.stdout) if d]
+    )
+
+
+def _anti_affinity_terms(spec: Doc, kind: str) -> list[Doc]:
+    anti = spec.get("affinity", {}).get("podAntiAffinity", {})
+    if kind == "preferred":
+        return [
+            t["podAffinityTerm"]
+            for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution", [])
+        ]
+    terms: list[Doc] = anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    return terms
+
+
+@pytest.mark.parametrize(("preset", "kind"), [("soft", "preferred"), ("hard", "required")])
+def test_a_shards_replicas_stay_off_the_host_of_its_primary_pod_and_of_each_other(
+    helm: str, yaml_mod: ModuleType, preset: str, kind: str
+) -> None:
+    r = _render(helm, yaml_mod, f"shards.podAntiAffinityPreset={preset}")
+    primary = r.get("StatefulSet", f"{FULLNAME}-shard")
+    primary_labels = primary["spec"]["template"]["metadata"]["labels"]
+    for i in range(2):
+        replicas = r.get("StatefulSet", f"{FULLNAME}-shard-{i}-replica")
+        template = replicas["spec"]["template"]
+        terms = _anti_affinity_terms(template["spec"], kind)
+        assert all(t["topologyKey"] == "kubernetes.io/hostname" for t in terms)
+        selectors = [t["labelSelector"]["matchLabels"] for t in terms]
+        # Pod i of the shard StatefulSet (Kubernetes labels it with its index), and no other.
+        pod_i = {**primary_labels, "apps.kubernetes.io/pod-index": str(i)}
+        pod_other = {**primary_labels, "apps.kubernetes.io/pod-index": str(1 - i)}
+        assert any(sel.items() <= pod_i.items() for sel in selectors), selectors
+        assert not any(sel.items() <= pod_other.items() for sel in selectors), selectors
+        # The replicas of the same shard.
+        assert any(sel.items() <= template["metadata"]["labels"].items() for sel in selectors)
+
+
+def test_without_a_preset_the_chart_sets_no_anti_affinity(helm: str, yaml_mod: ModuleType) -> None:
+    r = _render(helm, yaml_mod, "shards.podAntiAffinityPreset=none")
+    replicas = r.get("StatefulSet", f"{FULLNAME}-shard-0-replica")
+    assert "affinity" not in replicas["spec"]["template"]["spec"]
+
+
+# --- the password on no command line ----------------------------------------------------------
+
+
+def _argv(c: Doc) -> str:
+    return " ".join(map(str, [*c.get("command", []), *c.get("args", [])]))
+
+
+@pytest.mark.parametrize("name", VALUES_FILES)
+def test_no_container_has_the_redis_password_on_its_command_line(render: Render, name: str) -> None:
+    r = render(name)
+    secrets = [d for d in r.kind("Secret") if "redis-password" in d.get("data", {})]
+    values = {base64.b64decode(d["data"]["redis-password"]).decode() for d in secrets}
+    for doc, spec in pod_specs(r):
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            argv = _argv(c)
+            where = f"{name}: {doc['metadata']['name']}/{c['name']}"
+            assert "$(REDIS_PASSWORD)" not in argv, where
+            assert "$(SHARDQ_REDIS_PASSWORD)" not in argv, where
+            assert not any(v and v in argv for v in values), where
+    # Nor do the scripts pass it to a program: only shell builtins (printf, echo) see it.
+    for cm in r.kind("ConfigMap"):
+        for key, text in cm.get("data", {}).items():
+            for line in str(text).splitlines():
+                if "REDIS_PASSWORD" in line and "$REDIS_PASSWORD" in line:
+                    assert line.strip().startswith(("pw=$(printf '%s' \"$REDIS_PASSWORD\" |",)), (
+                        f"{name}: {cm['metadata']['name']}/{key}: {line.strip()}"
+                    )
+
+
+@contextlib.contextmanager
+def _started(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def _answering(port: int, password: str | None, proc: subprocess.Popen[bytes]) -> Any:
+    """PING on ``port`` with ``password`` until it answers (the process must stay up)."""
+    client = redis.Redis(port=port, password=password, socket_timeout=2)
+    for _ in range(500):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+        with contextlib.suppress(redis.ConnectionError, redis.BusyLoadingError):
+            if client.ping():
+                return client
+        time.sleep(0.02)
+    raise AssertionError(f"nothing answers on port {port}")
+
+
+def _redis_command(c: Doc, tmp: Path, port: int) -> list[str]:
+    """The Redis container's command and args, with this machine's port and data dir."""
+    args = [str(a) for a in c["args"]]
+    args[args.index("--port") + 1] = str(port)
+    args[args.index("--dir") + 1] = str(tmp)
+    command = [str(a) for a in c["command"]]
+    if command[:2] == ["sh", "/scripts/start-redis.sh"]:
+        command = ["sh", str(tmp / "start-redis.sh")]
+    return [*command, *args, "--bind", "127.0.0.1"]
+
+
+@pytest.mark.parametrize("name", ["default", "sentinel"])
+def test_a_shard_redis_started_by_the_chart_requires_the_password_it_never_shows(
+    render: Render, name: str, tmp_path: Path
+) -> None:
+    """The shard's Redis container, run here as the pod runs it (its command and args, the
+    password in its environment): the password is required and on no process's argv."""
+    r = render(name)
+    sts = r.get("StatefulSet", f"{FULLNAME}-shard")
+    c = container(sts["spec"]["template"]["spec"], "redis")
+    if name == "sentinel":
+        scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+        (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
+    port = free_port()
+    env = {
+        "PATH": os.environ["PATH"],
+        "TMPDIR": str(tmp_path),
+        "REDIS_PASSWORD": PASSWORD,
+        "REDISCLI_AUTH": PASSWORD,
+        # Sentinel mode: no sentinel answers, and this pod is the shard's first primary.
+        "SENTINELS": f"127.0.0.1:{free_port()}",
+        "SHARD_MASTER": "m",
+        "INITIAL_PRIMARY": "",
+        "POD_FQDN": "self",
+        "REDIS_PORT": str(port),
+    }
+    with _started(_redis_command(c, tmp_path, port), env) as proc:
+        client = _answering(port, PASSWORD, proc)
+        try:
+            # (a read: in Sentinel mode a primary without replicas refuses writes)
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis(port=port, socket_timeout=2).get("k")
+            assert client.get("k") is None
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                with contextlib.suppress(OSError):
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    assert PASSWORD.encode() not in cmdline, cmdline
+            conf = tmp_path / "redis-auth.conf"
+            assert conf.stat().st_mode & 0o077 == 0, "readable by the pod's owner only"
+        finally:
+            client.close()
+
+
+# --- sentinels that all restart at once ---------------------------------------------------------
+
+
+def test_sentinels_restarted_together_find_the_promoted_replica_not_the_first_pod(
+    render: Render, tmp_path: Path
+) -> None:
+    """Shard 0 failed over (its replica promoted, its first pod now a replica), then every
+    sentinel restarted: the chart's start-sentinel.sh, run against the shard's real Redis,
+    monitors the promoted replica."""
+    scripts = render("sentinel").get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+    script = tmp_path / "start-sentinel.sh"
+    script.write_text(scripts["start-sentinel.sh"])
+    first, promoted, other = (RedisProcess().start() for _ in range(3))
+    try:
+        for proc in (first, promoted, other):  # after start: PING then needs no password
+            redis.Redis(port=proc.port).config_set("masterauth", "pw")
+            redis.Redis(port=proc.port).config_set("requirepass", "pw")
+        # The failover the sentinels did before they all went away: the first pod follows
+        # the promoted replica, as does the other.
+        r_promoted = redis.Redis(port=promoted.port, password="pw")
+        for proc in (first, other):
+            redis.Redis(port=proc.port, password="pw").replicaof("127.0.0.1", promoted.port)
+        for _ in range(500):
+            if r_promoted.info("replication")["connected_slaves"] == 2:
+                break
+            time.sleep(0.02)
+        port = free_port()
+        hosts = ",".join(f"127.0.0.1:{p.port}" for p in (first, promoted, other))
+        env = {
+            "PATH": os.environ["PATH"],
+            "SENTINEL_DIR": str(tmp_path),
+            "SENTINEL_PORT": str(port),
+            "POD_FQDN": "127.0.0.1",
+            "SENTINELS": f"127.0.0.1:{free_port()}",  # none answers: all restarted
+            "SHARD_NAME": "s",
+            "SHARD_COUNT": "1",
+            "SHARD_REDIS_HOSTS": hosts,
+            "REDIS_PORT": "6379",
+            "QUORUM": "1",
+            "DOWN_AFTER_MS": "5000",
+            "FAILOVER_TIMEOUT_MS": "60000",
+            "REDIS_PASSWORD": "pw",
+            "REDISCLI_AUTH": "pw",
+        }
+        with _started(["sh", str(script)], env) as proc:
+            sentinel = _answering(port, "pw", proc)
+            try:
+                _, found = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0")
+                assert int(found) == promoted.port
+            finally:
+                sentinel.close()
+        r_promoted.close()
+    finally:
+        for p in (other, promoted, first):
+            p.cleanup()
