@@ -8,18 +8,44 @@
 -- A job is deleted only if move_out took it or it has finished (succeeded or cancelled): an
 -- active one stays. A dedupe key only if it still holds the value that was copied.
 -- Returns  {jobs deleted, dedupe keys deleted, schedules deleted}
+-- `cmd key member...` for every member of `list`, 1000 at a call (Lua's unpack has a limit).
+local function chunked(cmd, key, list)
+  local n = 0
+  for s = 1, #list, 1000 do
+    n = n + redis.call(cmd, key, unpack(list, s, math.min(s + 999, #list)))
+  end
+  return n
+end
+
 local tenant = ARGV[1]
 local n_jobs, n_dedupe, n_sched = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local i = 5
 local jobs, dedupe, sched = 0, 0, 0
-for _ = 1, n_jobs do
-  local id = ARGV[i]
-  i = i + 1
-  local job = k_job(id)
-  local taken = redis.call('SREM', k_moving(tenant), id) == 1
-  local j = redis.call('HMGET', job, 't', 's')
-  if j[1] == tenant and (taken or j[2] == 'succeeded' or j[2] == 'cancelled') then
-    jobs = jobs + redis.call('DEL', job)
+-- The set and the deletes one call each for the batch (per-job calls made a batch of 100
+-- block the shard ~6-9 ms); one HMGET per job remains.
+if n_jobs > 0 then
+  local ids, was_taken = {}, {}
+  for k = 1, n_jobs do ids[k] = ARGV[i + k - 1] end
+  i = i + n_jobs
+  for s = 1, n_jobs, 1000 do
+    local part = {unpack(ids, s, math.min(s + 999, n_jobs))}
+    for _, member in ipairs(redis.call('SMISMEMBER', k_moving(tenant), unpack(part))) do
+      was_taken[#was_taken + 1] = member
+    end
+  end
+  chunked('SREM', k_moving(tenant), ids)
+  local gone = {}
+  for k, id in ipairs(ids) do
+    local job = k_job(id)
+    local j = redis.call('HMGET', job, 't', 's')
+    if j[1] == tenant and (was_taken[k] == 1 or j[2] == 'succeeded' or j[2] == 'cancelled') then
+      gone[#gone + 1] = job
+    end
+  end
+  if #gone > 0 then
+    for s = 1, #gone, 1000 do
+      jobs = jobs + redis.call('DEL', unpack(gone, s, math.min(s + 999, #gone)))
+    end
   end
 end
 for _ = 1, n_dedupe do
@@ -27,8 +53,7 @@ for _ = 1, n_dedupe do
   i = i + 2
   if redis.call('GET', key) == value then dedupe = dedupe + redis.call('DEL', key) end
 end
-for _ = 1, n_sched do
-  sched = sched + redis.call('HDEL', k_moving_schedules(tenant), ARGV[i])
-  i = i + 1
-end
+local sids = {}
+for k = 1, n_sched do sids[k] = ARGV[i + k - 1] end
+sched = chunked('HDEL', k_moving_schedules(tenant), sids)
 return {jobs, dedupe, sched}

@@ -24,27 +24,38 @@ local n_jobs, n_dedupe, n_sched = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber
 local i = 6
 local added_jobs, added_dedupe, added_sched = 0, 0, 0
 local top_fence = tonumber(redis.call('GET', k_fence()) or '0')
+-- Per job as few calls as can be (the hash in one HSET; counts, the promoter's wake-up and the
+-- fence once per batch): each call costs microseconds, and a batch of 100 jobs at ~20 calls
+-- each blocked the shard for 7-16 ms.
+local counted = {scheduled = 0, ready = 0, dead = 0}
+local first = redis.call('ZRANGE', k_scheduled(), 0, 0, 'WITHSCORES')
+local earliest = first[2] and tonumber(first[2])
+local soonest -- the earliest run-at imported: the promoter is woken if it is before `earliest`
 
 for _ = 1, n_jobs do
   local id, pttl, nf = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  local first, last = i + 3, i + 2 + 2 * nf
+  local from, last = i + 3, i + 2 + 2 * nf
   i = last + 1
   local f = {}
-  for j = first, last, 2 do f[ARGV[j]] = ARGV[j + 1] end
+  for j = from, last, 2 do f[ARGV[j]] = ARGV[j + 1] end
   local seen = f['r'] and redis.call('GET', k_dedupe(tenant, f['r']))
   local here_before = seen and string.match(seen, '^(%S+) ') == id
-  if f['t'] == tenant and redis.call('EXISTS', k_job(id)) == 0 and not here_before then
+  if f['t'] == tenant and not here_before and redis.call('EXISTS', k_job(id)) == 0 then
     local job = k_job(id)
-    for j = first, last, 2 do redis.call('HSET', job, ARGV[j], ARGV[j + 1]) end
+    redis.call('HSET', job, unpack(ARGV, from, last))
     local state = f['s']
     if state == 'scheduled' then
-      push_scheduled(id, tenant, tonumber(f['ra']))
-      redis.call('HINCRBY', k_counts(tenant), 'scheduled', 1)
+      local run_at = tonumber(f['ra'])
+      redis.call('ZADD', k_scheduled(), run_at, id)
+      redis.call('ZADD', k_tscheduled(tenant), run_at, id)
+      if soonest == nil or run_at < soonest then soonest = run_at end
+      counted.scheduled = counted.scheduled + 1
     elseif state == 'ready' then
       push_ready(id, tenant, f['q'] or DEFAULT_QUEUE, f['pr'])
-      redis.call('HINCRBY', k_counts(tenant), 'ready', 1)
+      counted.ready = counted.ready + 1
     elseif state == 'dead' then
-      push_dead(id, tenant, tonumber(f['fa']) or now)
+      redis.call('ZADD', k_dead(tenant), tonumber(f['fa']) or now, id)
+      counted.dead = counted.dead + 1
     end
     if state == 'scheduled' or state == 'ready' then
       add_bytes(tenant, #(f['p'] or ''))
@@ -54,6 +65,15 @@ for _ = 1, n_jobs do
     if fence > top_fence then top_fence = fence end
     added_jobs = added_jobs + 1
   end
+end
+for state, n in pairs(counted) do
+  if n > 0 then redis.call('HINCRBY', k_counts(tenant), state, n) end
+end
+-- What push_scheduled does job by job, once: the shard loop sleeps until the earliest run-at
+-- it knew of, and is woken when one comes before it.
+if soonest ~= nil and (earliest == nil or soonest < earliest) then
+  redis.call('LPUSH', k_promoter_wake(), '1')
+  redis.call('LTRIM', k_promoter_wake(), 0, 0)
 end
 if top_fence > tonumber(redis.call('GET', k_fence()) or '0') then
   redis.call('SET', k_fence(), top_fence)

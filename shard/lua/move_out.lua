@@ -10,31 +10,43 @@
 -- ARGV[1]  tenant
 -- ARGV[2]  limit                     (int)     most jobs to take
 -- Returns  the number of jobs taken
-local tenant, limit = ARGV[1], tonumber(ARGV[2])
-local taken = 0
-
-local function take(id, state)
-  redis.call('SADD', k_moving(tenant), id)
-  redis.call('HINCRBY', k_counts(tenant), state, -1)
-  if state ~= 'dead' then uncount_bytes(k_job(id), tenant) end
-  taken = taken + 1
+-- `cmd key member...` for every member of `list`, 1000 at a call (Lua's unpack has a limit).
+local function chunked(cmd, key, list)
+  local n = 0
+  for s = 1, #list, 1000 do
+    n = n + redis.call(cmd, key, unpack(list, s, math.min(s + 999, #list)))
+  end
+  return n
 end
 
-for _, id in ipairs(redis.call('ZRANGE', k_tscheduled(tenant), 0, limit - 1)) do
-  redis.call('ZREM', k_scheduled(), id)
-  redis.call('ZREM', k_tscheduled(tenant), id)
-  take(id, 'scheduled')
+local tenant, limit = ARGV[1], tonumber(ARGV[2])
+local taken = {}
+-- Counts and the moving set changed once at the end, queues' members removed many at a call:
+-- each call costs microseconds, and per-job calls made a batch of 100 block the shard ~7 ms.
+local counted = {scheduled = 0, ready = 0, dead = 0}
+
+local function take(id, state)
+  taken[#taken + 1] = id
+  counted[state] = counted[state] + 1
+  if state ~= 'dead' then uncount_bytes(k_job(id), tenant) end
+end
+
+local ids = redis.call('ZRANGE', k_tscheduled(tenant), 0, limit - 1)
+if #ids > 0 then
+  chunked('ZREM', k_scheduled(), ids)
+  chunked('ZREM', k_tscheduled(tenant), ids)
+  for _, id in ipairs(ids) do take(id, 'scheduled') end
 end
 
 for _, q in ipairs(redis.call('SMEMBERS', k_tqueues(tenant))) do
-  if taken >= limit then break end
+  if #taken >= limit then break end
   local tprio = k_tprio(tenant, q)
   for _, prio in ipairs(redis.call('ZREVRANGE', tprio, 0, -1)) do
-    if taken >= limit then break end
+    if #taken >= limit then break end
     local rkey = k_ready(tenant, q, prio)
-    local ids = redis.call('LRANGE', rkey, 0, limit - taken - 1)
-    redis.call('LTRIM', rkey, #ids, -1)
-    for _, id in ipairs(ids) do
+    local ready = redis.call('LRANGE', rkey, 0, limit - #taken - 1)
+    redis.call('LTRIM', rkey, #ready, -1)
+    for _, id in ipairs(ready) do
       -- A job cancelled while ready is only skipped by claim; here it is simply dropped.
       if redis.call('HGET', k_job(id), 's') == 'ready' then take(id, 'ready') end
     end
@@ -49,11 +61,16 @@ for _, q in ipairs(redis.call('SMEMBERS', k_tqueues(tenant))) do
   end
 end
 
-if taken < limit then
-  for _, id in ipairs(redis.call('ZRANGE', k_dead(tenant), 0, limit - taken - 1)) do
-    redis.call('ZREM', k_dead(tenant), id)
-    take(id, 'dead')
+if #taken < limit then
+  local dead = redis.call('ZRANGE', k_dead(tenant), 0, limit - #taken - 1)
+  if #dead > 0 then
+    chunked('ZREM', k_dead(tenant), dead)
+    for _, id in ipairs(dead) do take(id, 'dead') end
   end
 end
+chunked('SADD', k_moving(tenant), taken)
+for state, n in pairs(counted) do
+  if n > 0 then redis.call('HINCRBY', k_counts(tenant), state, -n) end
+end
 settle()
-return taken
+return #taken

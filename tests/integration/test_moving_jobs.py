@@ -72,3 +72,23 @@ async def test_jobs_set_aside_by_a_move_count_list_answer_and_cancel(database_ur
             assert (await client.get(job_id)).state == JobState.CANCELLED
         stats = await client.tenant_stats()
         assert (stats.shard_id, stats.scheduled, stats.ready) == (1, 2, 2), stats
+
+
+async def test_jobs_whose_payloads_fill_several_copies_all_arrive_whole(database_url: str) -> None:
+    # 12 jobs of 40 KB: over a copy's 256 KB, so the mover copies (and drops) them in parts.
+    async with running_cluster(database_url) as cluster:
+        (tenant,) = tenants_on(cluster, 0, 1)
+        client = await cluster.client(tenant)
+        payloads = {f"r{i}": {"n": i, "blob": chr(ord("a") + i) * 40_000} for i in range(12)}
+        items = await client.submit_many(
+            [job_spec("test.work", p, request_id=rid) for rid, p in payloads.items()]
+        )
+        moved = await shardq(database_url, "tenants", "move", tenant, "1")
+        assert moved.code == 0, moved.out + moved.err
+        assert "12 jobs" in moved.out, moved.out
+        assert (await load_map(database_url)).moves == {}
+        for item in items:
+            job = await client.get(str(item.job_id))
+            assert job.payload == payloads[item.request_id]
+        stats = await client.tenant_stats()
+        assert (stats.shard_id, stats.ready) == (1, 12), stats
