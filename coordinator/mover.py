@@ -77,7 +77,9 @@ class RedisShards:
         """The shard's client; its errors name the shard (``ShardRedis``)."""
         found = self._clients.get((info.shard_id, info.address))
         if found is None:
-            redis = ShardRedis.open(info.shard_id, info.address, self.password)
+            redis = ShardRedis.open(
+                info.shard_id, info.address, self.password, self.settings.redis_username
+            )
             found = ShardClient(redis, self.settings)
             self._clients[(info.shard_id, info.address)] = found
         return found

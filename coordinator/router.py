@@ -88,8 +88,8 @@ class ShardRedis(Redis):
     address: str
 
     @classmethod
-    def open(cls, shard_id: int, address: str, password: str) -> ShardRedis:
-        client = cls(connection_pool=redis_for(address, password).connection_pool)
+    def open(cls, shard_id: int, address: str, password: str, username: str = "") -> ShardRedis:
+        client = cls(connection_pool=redis_for(address, password, username).connection_pool)
         client.auto_close_connection_pool = True  # aclose() closes the pool: it is ours
         client.shard_id, client.address = shard_id, address
         return client
@@ -126,7 +126,9 @@ class ShardPool:
         for shard_id, info in smap.shards.items():
             current = self._clients.get(shard_id)
             if current is None or current[0] != info.address:
-                redis = ShardRedis.open(shard_id, info.address, self.redis_password)
+                redis = ShardRedis.open(
+                    shard_id, info.address, self.redis_password, self.settings.redis_username
+                )
                 client = ShardClient(redis, self.settings)
                 self._clients[shard_id] = (info.address, client, Coalescer(client))
                 if current is not None:

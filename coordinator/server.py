@@ -311,6 +311,7 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
             key_prefix=args.key_prefix,
             max_payload_bytes=args.max_payload_bytes,
             durability=config.durability(args),
+            redis_username=args.redis_username,
         ),
     )
 

@@ -105,7 +105,9 @@ class ShardChecker:
 
     @contextlib.asynccontextmanager
     async def _client(self, address: str) -> Any:
-        client = ShardClient(redis_for(address, self.password), self.settings)
+        client = ShardClient(
+            redis_for(address, self.password, self.settings.redis_username), self.settings
+        )
         try:
             yield client
         finally:

@@ -53,11 +53,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def serve(args: argparse.Namespace) -> None:
     redis: Redis
     if is_sentinel(args.redis_url):
-        redis = redis_for(args.redis_url, args.redis_password)
+        redis = redis_for(args.redis_url, args.redis_password, args.redis_username)
     else:
         url = config.redis_url_with_password(args.redis_url, args.redis_password)
-        redis = Redis.from_url(url, health_check_interval=10, socket_keepalive=True)
-    shard_settings = ShardSettings(key_prefix=args.key_prefix, durability=config.durability(args))
+        redis = Redis.from_url(
+            url,
+            username=args.redis_username or None,
+            health_check_interval=10,
+            socket_keepalive=True,
+        )
+    shard_settings = ShardSettings(
+        key_prefix=args.key_prefix,
+        durability=config.durability(args),
+        redis_username=args.redis_username,
+    )
     shard = ShardClient(redis, shard_settings)
     registry = CollectorRegistry()
     store = (

@@ -71,6 +71,9 @@ class ShardSettings:
     #: Replicas that must hold a write before it is acknowledged (WAIT after each script
     #: call that changes jobs; ``--shard-replicas-to-ack``): see ``ShardClient._run``.
     durability: Durability = field(default_factory=Durability)
+    #: The Redis ACL user this process logs in as (``--redis-username``; docs/security.md),
+    #: with the password given beside these settings; empty: ``default``.
+    redis_username: str = ""
 
 
 @dataclass(frozen=True, slots=True)

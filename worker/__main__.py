@@ -119,7 +119,11 @@ async def run(args: argparse.Namespace) -> None:
             redis_password=args.redis_password,
             process_pool_size=args.process_pool_size,
             worker_id=args.worker_id,
-            shard=ShardSettings(key_prefix=args.key_prefix, durability=config.durability(args)),
+            shard=ShardSettings(
+                key_prefix=args.key_prefix,
+                durability=config.durability(args),
+                redis_username=args.redis_username,
+            ),
             queues=parse_queues(args.queues),
             unknown_handler_backoff_ms=args.unknown_handler_backoff_ms,
             progress_interval_ms=args.progress_interval_ms,

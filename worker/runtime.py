@@ -210,7 +210,9 @@ class Worker:
     # --- lifecycle ----------------------------------------------------------------------
 
     def _new_client(self, address: str) -> ShardClient:
-        redis: Redis = redis_for(address, self.settings.redis_password)
+        redis: Redis = redis_for(
+            address, self.settings.redis_password, self.settings.shard.redis_username
+        )
         return ShardClient(redis, self.settings.shard)
 
     def _client(self, address: str) -> ShardClient:

@@ -86,8 +86,14 @@ def shard_settings(args: argparse.Namespace) -> ShardSettings:
     """The shard settings of an operator command: its key prefix, and the durability it asks
     for (``--shard-replicas-to-ack``) where it takes that flag."""
     if not hasattr(args, "shard_replicas_to_ack"):
-        return ShardSettings(key_prefix=args.key_prefix)
-    return ShardSettings(key_prefix=args.key_prefix, durability=config.durability(args))
+        return ShardSettings(
+            key_prefix=args.key_prefix, redis_username=getattr(args, "redis_username", "")
+        )
+    return ShardSettings(
+        key_prefix=args.key_prefix,
+        durability=config.durability(args),
+        redis_username=getattr(args, "redis_username", ""),
+    )
 
 
 @asynccontextmanager

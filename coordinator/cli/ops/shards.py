@@ -5,9 +5,13 @@ map as the coordinator serves it, is an API command (``cli/api/shards.py``)."""
 from __future__ import annotations
 
 import argparse
+import os
+
+from redis.exceptions import RedisError
 
 from shardq.common import config
 from shardq.common.placement import DRAINING
+from shardq.common.redis import redis_for
 from shardq.coordinator.cli.command import CommandError, Commands, arg
 from shardq.coordinator.cli.ops.database import engine_for
 from shardq.coordinator.cli.ops.placement import (
@@ -22,6 +26,7 @@ from shardq.coordinator.cli.ops.render import map_as_json, print_map, report_cha
 from shardq.coordinator.cli.terminal import plural, print_json
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.shardmap import MapNotInitialized, ShardMapStore
+from shardq.shard import acl
 
 commands = Commands("database", groups={"shards": "the shard map: shards, weights, slots and pins"})
 
@@ -233,3 +238,52 @@ async def shards_set_address(args: argparse.Namespace) -> int:
     return await change_placement(
         args, lambda store: store.set_address(args.shard_id, args.address)
     )
+
+
+@commands.add(
+    "shards",
+    "acl",
+    help="give every shard of the map one Redis ACL user per role (worker, loop, coordinator, "
+    "admin), each with only what it needs; passwords from SHARDQ_REDIS_PASSWORD_<ROLE>",
+    args=(
+        config.add_redis_password,
+        config.add_key_prefix,
+        arg(
+            "--disable-default",
+            action="store_true",
+            help="then turn Redis's default user off (needs the admin user's password: run "
+            "later commands with --redis-username <prefix>-admin)",
+        ),
+    ),
+)
+async def shards_acl(args: argparse.Namespace) -> int:
+    passwords = {
+        role: os.environ[acl.password_variable(role)]
+        for role in acl.ROLES
+        if os.environ.get(acl.password_variable(role))
+    }
+    if not passwords:
+        raise CommandError(
+            "no passwords: set SHARDQ_REDIS_PASSWORD_WORKER, _LOOP, _COORDINATOR and _ADMIN "
+            "(a role without one gets no user)"
+        )
+    if args.disable_default and "admin" not in passwords:
+        raise CommandError(
+            "--disable-default needs SHARDQ_REDIS_PASSWORD_ADMIN: without an admin user no one "
+            "could change the shards' users again"
+        )
+    made = acl.users(args.key_prefix, passwords)
+    async with engine_for(args) as engine:
+        smap = await ShardMapStore(engine).load()
+    for shard_id, info in sorted(smap.shards.items()):
+        redis = redis_for(info.address, args.redis_password, args.redis_username)
+        try:
+            how = await acl.apply(redis, made, args.disable_default)
+        except RedisError as exc:
+            raise CommandError(f"shard {shard_id} ({info.address}): {exc}") from None
+        finally:
+            await redis.aclose()
+        names = ", ".join(u.name for u in made)
+        off = "; default user off" if args.disable_default else ""
+        print(f"shard {shard_id} ({info.address}): {names}{off}; {how}")
+    return 0

@@ -117,8 +117,15 @@ def add_database_url(
 def add_redis_password(
     parser: argparse.ArgumentParser, help: str = "password of the shards' Redis"
 ) -> None:
-    """``--redis-password`` [SHARDQ_REDIS_PASSWORD], none by default."""
+    """``--redis-password`` [SHARDQ_REDIS_PASSWORD], none by default, and the ACL user it is
+    the password of, ``--redis-username`` [SHARDQ_REDIS_USERNAME] (``shardq shards acl``)."""
     add(parser, "--redis-password", "", help)
+    add(
+        parser,
+        "--redis-username",
+        "",
+        "Redis ACL user to log in as (shardq shards acl makes one per role; empty: default)",
+    )
 
 
 def add_shard_durability(parser: argparse.ArgumentParser) -> None:

@@ -187,9 +187,11 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def redis_for(address: str, password: str) -> Redis:
-    """A client of the shard at ``address`` (``host:port`` or ``sentinel://...``)."""
+def redis_for(address: str, password: str, username: str = "") -> Redis:
+    """A client of the shard at ``address`` (``host:port`` or ``sentinel://...``), logged in
+    as the ACL user ``username`` (empty: ``default``)."""
     options = dict(
+        username=username or None,
         password=password or None,
         socket_connect_timeout=1.0,
         socket_timeout=10.0,
