@@ -45,6 +45,10 @@ SERVICE_NAMES = (
 )
 
 
+#: Default of --max-pending-bytes (256 MiB): no tenant fills a shard on its own by default (the
+#: chart's shards have a 768 MB maxmemory); a tenant that needs more is given it by an admin.
+DEFAULT_MAX_PENDING_BYTES = 256 * 1024 * 1024
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -137,7 +141,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     config.add(p, "--max-pending", 1_000_000, "default per-tenant pending-job quota", int)
     config.add(
-        p, "--max-pending-bytes", 0, "default per-tenant pending payload bytes (0: none)", int
+        p,
+        "--max-pending-bytes",
+        DEFAULT_MAX_PENDING_BYTES,
+        "default per-tenant pending payload bytes (0: none)",
+        int,
     )
     config.add(p, "--rate-per-s", 0.0, "default per-tenant submit rate (0: none)", float)
     config.add(p, "--submit-burst", 0, "default per-tenant submit burst (0: max(1, rate))", int)

@@ -228,7 +228,8 @@ async def test_a_stored_limit_wins_over_the_environments_default(database_url: s
             ]
         )
     )  # fmt: skip
-    assert settings.default_limits == TenantLimits(max_pending=50)
+    # The flags' defaults under it: 256 MiB of pending payload (--max-pending-bytes).
+    assert settings.default_limits == TenantLimits(max_pending=50, max_pending_bytes=256 << 20)
     assert settings.tenant_limits == {"acme": TenantLimits(submit_rate_per_s=100)}
     async with running_cluster(
         database_url,
