@@ -9,7 +9,7 @@ and answered INTERNAL without the traceback, and the API fuzz tests hunt for tho
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 import grpc
 import psycopg
@@ -31,17 +31,44 @@ if TYPE_CHECKING:
 else:  # generic only in the type stubs
     Ctx = grpc.aio.ServicerContext
 
-CODES: dict[type[e.ShardqError], grpc.StatusCode] = {
-    e.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    e.NotFound: grpc.StatusCode.NOT_FOUND,
-    e.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
-    e.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
-    e.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    e.Unavailable: grpc.StatusCode.UNAVAILABLE,
-    e.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
-    e.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
-    e.LeaseLost: grpc.StatusCode.FAILED_PRECONDITION,
-}
+
+class _CodeTable(dict[type[e.ShardqError], grpc.StatusCode]):
+    """The code of an error class: its own, else that of the nearest class it inherits from
+    (``NotReplicated`` is an ``Unavailable``, ``AddressRefused`` a ``FailedPrecondition``).
+    Looked up by exact type, such subclasses were answered INTERNAL, which no client retries:
+    submits refused during a failover instead of retried."""
+
+    def __missing__(self, key: type[e.ShardqError]) -> grpc.StatusCode:
+        for cls in getattr(key, "__mro__", ())[1:]:
+            if dict.__contains__(self, cls):
+                code: grpc.StatusCode = dict.__getitem__(self, cls)
+                return code
+        raise KeyError(key)
+
+    @overload  # type: ignore[override]
+    def get(self, key: object, default: None = None, /) -> grpc.StatusCode | None: ...
+    @overload
+    def get(self, key: object, default: grpc.StatusCode, /) -> grpc.StatusCode: ...
+    def get(self, key: object, default: grpc.StatusCode | None = None, /) -> grpc.StatusCode | None:
+        try:
+            return self[key]  # type: ignore[index]
+        except KeyError:
+            return default
+
+
+CODES = _CodeTable(
+    {
+        e.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+        e.NotFound: grpc.StatusCode.NOT_FOUND,
+        e.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+        e.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+        e.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        e.Unavailable: grpc.StatusCode.UNAVAILABLE,
+        e.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+        e.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+        e.LeaseLost: grpc.StatusCode.FAILED_PRECONDITION,
+    }
+)
 
 #: Trailing metadata key carrying the retry delay, for clients that do not parse details.
 RETRY_AFTER_KEY = "retry-after-ms"
