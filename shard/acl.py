@@ -31,6 +31,7 @@ do: change jobs on the shards it claims from.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -50,7 +51,7 @@ WORKER_READ_ONLY = frozenset({"limits", "paused", "qpaused", "tqpaused"})
 WORKER_PASSED_KEYS = ("fence", "leases", "wait_mark")
 #: Commands every shardq user needs to connect, run its scripts and wait for replicas.
 BASE_COMMANDS = (
-    "ping", "hello", "auth", "client|setname", "client|setinfo", "client|id", "select",
+    "ping", "hello", "auth", "client|setname", "client|id", "select",
     "info", "role", "evalsha", "eval", "script|load", "script|exists", "wait", "incr",
 )  # fmt: skip
 #: Besides its scripts' commands: the idle wait.
@@ -58,7 +59,7 @@ WORKER_COMMANDS = ("blpop",)
 #: What the loop and the coordinator may not run: administrative and whole-server commands.
 DENIED = ("-@admin", "-@dangerous")
 #: ... of which they need these (shard checks, status, load, failover detection).
-ALLOWED_BACK = ("+info", "+role", "+config|get", "+client|setname", "+client|setinfo")
+ALLOWED_BACK = ("+info", "+role", "+config|get", "+client|setname")
 
 ROLES = ("worker", "loop", "coordinator", "admin")
 
@@ -154,16 +155,18 @@ def _script_commands(scripts: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def users(prefix: str, passwords: dict[str, str]) -> list[User]:
+def users(prefix: str, passwords: dict[str, str], hashed: bool = False) -> list[User]:
     """The ACL users of a cluster whose keys start with ``prefix``: each role given a
-    password in ``passwords`` (a role without one is not made)."""
+    password in ``passwords`` (a role without one is not made); ``hashed``: the password as
+    its SHA-256 (``#<hex>``), for a file that should not hold it."""
     every_key = f"~{prefix}:*"
     made = []
     for role in ROLES:
         password = passwords.get(role)
         if not password:
             continue
-        head = ("reset", "on", f">{password}", "resetchannels")
+        secret = f"#{hashlib.sha256(password.encode()).hexdigest()}" if hashed else f">{password}"
+        head = ("reset", "on", secret, "resetchannels")
         if role == "worker":
             commands = (*BASE_COMMANDS, *WORKER_COMMANDS, *_script_commands(WORKER_SCRIPTS))
             rules = (*head, *worker_key_rules(prefix), "-@all", *(f"+{c}" for c in commands))
@@ -175,9 +178,14 @@ def users(prefix: str, passwords: dict[str, str]) -> list[User]:
     return made
 
 
+def conf_lines(made: list[User]) -> str:
+    """redis.conf ``user`` directives for ``made`` (the chart's shard pods include them)."""
+    return "".join(f"user {u.name} {' '.join(u.rules)}\n" for u in made)
+
+
 async def _set_user(redis: Redis, user: User) -> None:
     """ACL SETUSER with the user's rules, less those naming a command this server does not
-    have (Redis 7.0 has no CLIENT SETINFO, 7.2 added it), which it refuses one at a time."""
+    have (a rule added for a later Redis), which it refuses one at a time."""
     rules = list(user.rules)
     while True:
         try:

@@ -77,8 +77,10 @@ def test_without_tenant_defaults_the_coordinator_keeps_its_own(
     r = render("default")
     assert "SHARDQ_TENANT_LIMITS" not in env_of(coordinator_container(r))
     settings = settings_as_rendered(r, monkeypatch)
-    # The flags' defaults: 1,000,000 pending jobs, nothing else; no tenant of its own.
-    assert settings.default_limits == TenantLimits(max_pending=1_000_000)
+    # The flags' defaults: 1,000,000 pending jobs of 256 MiB, nothing else; no tenant of its own.
+    assert settings.default_limits == TenantLimits(
+        max_pending=1_000_000, max_pending_bytes=256 << 20
+    )
     assert settings.tenant_limits == {}
     assert settings.reject_unknown_handlers is False
     assert (settings.token_cache_ttl_s, settings.token_stale_max_s) == (5.0, 900.0)

@@ -274,3 +274,41 @@ async def test_a_cluster_runs_every_worker_path_with_a_user_per_process(  # noqa
     for log in logs.iterdir():
         text = log.read_text()
         assert not re.search(REFUSED, text), f"{log.name}: {text[-2000:]}"
+
+
+async def test_the_users_conf_a_redis_includes_at_start_holds_the_same_users(
+    tmp_path: Path,
+) -> None:
+    """``shardq shards acl-conf`` (what the chart's shard pods include): a Redis started with
+    it has the users, their passwords kept only as hashes."""
+    env = {
+        **os.environ,
+        "SHARDQ_KEY_PREFIX": PREFIX,
+        **{f"SHARDQ_REDIS_PASSWORD_{r.upper()}": pw for r, pw in PASSWORDS.items()},
+    }
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [SHARDQ, "shards", "acl-conf"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not any(pw in done.stdout for pw in PASSWORDS.values())
+    conf = tmp_path / "users.conf"
+    conf.write_text(done.stdout)
+    shard = RedisProcess(extra_args=["--include", str(conf)]).start()
+    try:
+        settings = ShardSettings(key_prefix=PREFIX)
+        job = NewJob(tenant="acme", handler="h", payload=b"{}", request_id="r1")
+        coordinator = as_user(shard, "coordinator")
+        assert (await ShardClient(coordinator, settings).enqueue([job]))[0].job_id
+        worker = as_user(shard, "worker")
+        with pytest.raises(ResponseError, match=REFUSED):
+            await ShardClient(worker, settings).enqueue([job])
+        assert await ShardClient(worker, settings).claim("w1", 10, 30_000)
+        for client in (coordinator, worker):
+            await client.aclose()
+    finally:
+        shard.cleanup()

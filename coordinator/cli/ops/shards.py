@@ -257,16 +257,7 @@ async def shards_set_address(args: argparse.Namespace) -> int:
     ),
 )
 async def shards_acl(args: argparse.Namespace) -> int:
-    passwords = {
-        role: os.environ[acl.password_variable(role)]
-        for role in acl.ROLES
-        if os.environ.get(acl.password_variable(role))
-    }
-    if not passwords:
-        raise CommandError(
-            "no passwords: set SHARDQ_REDIS_PASSWORD_WORKER, _LOOP, _COORDINATOR and _ADMIN "
-            "(a role without one gets no user)"
-        )
+    passwords = _acl_passwords()
     if args.disable_default and "admin" not in passwords:
         raise CommandError(
             "--disable-default needs SHARDQ_REDIS_PASSWORD_ADMIN: without an admin user no one "
@@ -287,3 +278,31 @@ async def shards_acl(args: argparse.Namespace) -> int:
         off = "; default user off" if args.disable_default else ""
         print(f"shard {shard_id} ({info.address}): {names}{off}; {how}")
     return 0
+
+
+@commands.add(
+    "shards",
+    "acl-conf",
+    kind="local",
+    help="print the redis.conf `user` lines of the ACL users `shards acl` makes (passwords "
+    "from SHARDQ_REDIS_PASSWORD_<ROLE>, written as SHA-256): for a Redis to include at start",
+    args=(config.add_key_prefix,),
+)
+def shards_acl_conf(args: argparse.Namespace) -> int:
+    passwords = _acl_passwords()
+    print(acl.conf_lines(acl.users(args.key_prefix, passwords, hashed=True)), end="")
+    return 0
+
+
+def _acl_passwords() -> dict[str, str]:
+    passwords = {
+        role: os.environ[acl.password_variable(role)]
+        for role in acl.ROLES
+        if os.environ.get(acl.password_variable(role))
+    }
+    if not passwords:
+        raise CommandError(
+            "no passwords: set SHARDQ_REDIS_PASSWORD_WORKER, _LOOP, _COORDINATOR and _ADMIN "
+            "(a role without one gets no user)"
+        )
+    return passwords

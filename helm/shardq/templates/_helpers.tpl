@@ -108,6 +108,10 @@ shards.sentinel.enabled its Sentinel group (sentinel://s0,s1,s2/<shard>-<i>). */
 {{- .Values.shards.redis.auth.existingSecret | default (printf "%s-redis" (include "shardq.fullname" .)) -}}
 {{- end -}}
 
+{{- define "shardq.redisUsers.secretName" -}}
+{{- .Values.shards.redis.aclUsers.existingSecret | default (printf "%s-redis-users" (include "shardq.fullname" .)) -}}
+{{- end -}}
+
 {{- define "shardq.workerToken.secretName" -}}
 {{- .Values.auth.workerToken.existingSecret | default (printf "%s-worker-token" (include "shardq.fullname" .)) -}}
 {{- end -}}
@@ -133,6 +137,57 @@ already in the cluster when there is one (lookup), else a new random one. Call w
 {{- end -}}
 
 {{/* ---------------------------------------------------------------- environment */}}
+
+{{/*
+How a coordinator, shard loop or worker logs in to the shards: with shards.redis.aclUsers, as
+its role's ACL user (`shardq shards acl`: <keyPrefix>-coordinator, -loop, -worker), so that a
+worker's handler code holds no login that can admit jobs, change limits or administer Redis;
+else with the default user's password. Call with (dict "ctx" $ "role" "worker").
+*/}}
+{{- define "shardq.env.redisLogin" -}}
+{{- $ := .ctx -}}
+{{- if $.Values.shards.redis.aclUsers.enabled -}}
+- name: SHARDQ_REDIS_USERNAME
+  value: {{ printf "%s-%s" $.Values.keyPrefix .role | quote }}
+- name: SHARDQ_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "shardq.redisUsers.secretName" $ }}
+      key: {{ .role }}
+{{- else -}}
+{{ include "shardq.env.redisPassword" $ }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The init container of a shard's Redis pod that writes its ACL users (hashed passwords) to
+/redis-users/users.conf, which redis-server includes (shardq.redis.authConf).
+*/}}
+{{- define "shardq.redisUsers.initContainer" -}}
+- name: redis-users
+  image: {{ include "shardq.image" (dict "ctx" .) }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: ["sh", "-c", "umask 022 && shardq shards acl-conf > /redis-users/users.conf"]
+  env:
+    - name: SHARDQ_KEY_PREFIX
+      value: {{ .Values.keyPrefix | quote }}
+    {{- range $role := list "worker" "loop" "coordinator" }}
+    - name: SHARDQ_REDIS_PASSWORD_{{ upper $role }}
+      valueFrom:
+        secretKeyRef:
+          name: {{ include "shardq.redisUsers.secretName" $ }}
+          key: {{ $role }}
+    {{- end }}
+  resources:
+    {{- toYaml .Values.hooks.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    - name: redis-users
+      mountPath: /redis-users
+    - name: tmp
+      mountPath: /tmp
+{{- end -}}
 
 {{- define "shardq.env.redisPassword" -}}
 - name: SHARDQ_REDIS_PASSWORD

@@ -105,6 +105,10 @@ volumeMounts:
     mountPath: /tmp
   - name: scripts
     mountPath: /scripts
+  {{- if $r.aclUsers.enabled }}
+  - name: redis-users
+    mountPath: /redis-users
+  {{- end }}
 {{- end -}}
 
 {{/*
@@ -121,6 +125,10 @@ REDIS_AUTH_CONF="${TMPDIR:-/tmp}/redis-auth.conf"
 pw=$(printf '%s' "$REDIS_PASSWORD" | sed 's/[\\"]/\\&/g')
 printf 'requirepass "%s"\nmasterauth "%s"\n' "$pw" "$pw" > "$REDIS_AUTH_CONF"
 unset pw
+{{- if .Values.shards.redis.aclUsers.enabled }}
+# The role users (shardq.redisUsers.initContainer wrote them); default keeps the password.
+printf 'include /redis-users/users.conf\n' >> "$REDIS_AUTH_CONF"
+{{- end }}
 {{- end -}}
 
 {{/* The pods of a shard's Sentinel groups, which reach each other's Redis and sentinel ports. */}}
