@@ -344,6 +344,12 @@ def test_shard_loops_reach_the_results_database_as_the_coordinator_does(
     assert loops
     for c in loops:
         env = env_of(c)
+        if "SHARDQ_DB_ROLE_PASSWORD" in env:
+            # databaseRoles: the loop's own role, on the coordinator's database.
+            where = env["SHARDQ_DATABASE_URL"]["value"].split("@", 1)[1]
+            assert where == want["SHARDQ_DATABASE_URL"]["value"].split("@", 1)[1], name
+            assert "secretKeyRef" in env["SHARDQ_DB_ROLE_PASSWORD"]["valueFrom"], name
+            continue
         for var in ("SHARDQ_DATABASE_URL", "SHARDQ_DB_PASSWORD"):
             assert env.get(var) == want.get(var), f"{name}: {c['name']}: {var}"
         # From a Secret, or composed by Kubernetes from the bundled Postgres's password Secret.
@@ -472,10 +478,12 @@ def test_credentials_reach_containers_only_from_secrets(render: Render, name: st
                 if "valueFrom" in e:
                     assert "secretKeyRef" in e["valueFrom"], where
                 else:
-                    # Only a URL composed by Kubernetes from a Secret-backed variable.
+                    # Only a URL composed by Kubernetes from a Secret-backed variable: the
+                    # migrator's password, or (databaseRoles) the process's role's.
                     assert var == "SHARDQ_DATABASE_URL", where
-                    assert ":$(SHARDQ_DB_PASSWORD)@" in e["value"], where
-                    assert "secretKeyRef" in env_of(c)["SHARDQ_DB_PASSWORD"]["valueFrom"], where
+                    used = re.search(r":\$\((SHARDQ_DB_(?:ROLE_)?PASSWORD)\)@", e["value"])
+                    assert used is not None, where
+                    assert "secretKeyRef" in env_of(c)[used.group(1)]["valueFrom"], where
 
 
 def test_existing_secrets_are_used_not_created(render: Render) -> None:

@@ -13,6 +13,7 @@ from shardq.common.config import env_name
 from shardq.coordinator import cli
 from shardq.coordinator import server as coordinator_server
 from shardq.shard import __main__ as shard_main
+from shardq.store import roles
 from shardq.worker import __main__ as worker_main
 from tests.helm.conftest import VALUES_FILES, Rendered
 from tests.helm.test_chart import pod_specs
@@ -37,7 +38,11 @@ PARSE: dict[str, Callable[[list[str]], object]] = {
     "shardq-worker": worker_main.parse_args,
 }
 #: Set on every container by the chart's common env; the one-shot CLI has no use for them.
-CLI_IGNORES = {"SHARDQ_KEY_PREFIX", "SHARDQ_LOG_LEVEL", "SHARDQ_REDIS_PASSWORD"}
+CLI_IGNORES = {"SHARDQ_KEY_PREFIX", "SHARDQ_LOG_LEVEL", "SHARDQ_REDIS_PASSWORD"} | {
+    # Read from the environment, not flags, by `shardq migrate --roles` (store/roles.py).
+    roles.password_variable(role)
+    for role in roles.ROLES
+}
 
 
 def _env_names(program: str) -> set[str]:

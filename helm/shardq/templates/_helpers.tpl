@@ -205,7 +205,10 @@ Secret (it does not exist yet) and reads the hook copy instead.
 */}}
 {{- define "shardq.env.database" -}}
 {{- $v := .ctx.Values -}}
-{{- if $v.postgresql.enabled -}}
+{{- if and .role $v.databaseRoles.enabled -}}
+{{- /* The process's own role (shardq migrate --roles): see shardq.env.databaseRole. */ -}}
+{{ include "shardq.env.databaseRole" . }}
+{{- else if $v.postgresql.enabled -}}
 - name: SHARDQ_DB_PASSWORD
   valueFrom:
     secretKeyRef:
@@ -226,6 +229,54 @@ Secret (it does not exist yet) and reads the hook copy instead.
       name: {{ include "shardq.fullname" .ctx }}-database{{ if .hook }}-hook{{ end }}
       key: url
 {{- end -}}
+{{- end -}}
+
+{{/*
+SHARDQ_DATABASE_URL as the role of this process (databaseRoles: the coordinator, a shard loop,
+a worker), its password from databaseRoles' Secret: the URL is composed here, so that only
+this process's pods get this role's password and none gets the migrator's. Call with
+(dict "ctx" $ "role" "worker").
+*/}}
+{{- define "shardq.env.databaseRole" -}}
+{{- $v := .ctx.Values -}}
+{{- $r := $v.databaseRoles -}}
+{{- $db := ternary $v.postgresql.auth.database $r.database $v.postgresql.enabled -}}
+{{- $host := ternary (include "shardq.postgresql.fullname" .ctx) $r.host $v.postgresql.enabled -}}
+{{- $port := ternary 5432 (int $r.port) $v.postgresql.enabled -}}
+{{- $prefix := $r.prefix | default (printf "%s_" $db) -}}
+- name: SHARDQ_DB_ROLE_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "shardq.databaseRoles.secretName" .ctx }}
+      key: {{ .role }}
+- name: SHARDQ_DATABASE_URL
+  value: {{ printf "postgresql+psycopg://%s%s:$(SHARDQ_DB_ROLE_PASSWORD)@%s:%d/%s%s" $prefix .role $host $port $db (ternary (printf "?%s" $r.urlParams) "" (ne $r.urlParams "")) | quote }}
+{{- end -}}
+
+{{/* `shardq migrate` with --roles when databaseRoles is on: its command and the passwords. */}}
+{{- define "shardq.migrate.command" -}}
+{{- $r := .Values.databaseRoles -}}
+{{- if $r.enabled -}}
+["shardq", "migrate", "--roles"{{ with $r.prefix }}, "--role-prefix", {{ . | quote }}{{ end }}]
+{{- else -}}
+["shardq", "migrate"]
+{{- end -}}
+{{- end -}}
+
+{{- define "shardq.migrate.env" -}}
+{{- if .Values.databaseRoles.enabled -}}
+{{- range $role := list "coordinator" "worker" "loop" }}
+- name: SHARDQ_DB_PASSWORD_{{ upper $role }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "shardq.databaseRoles.secretName" $ }}
+      key: {{ $role }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "shardq.databaseRoles.secretName" -}}
+{{- .Values.databaseRoles.existingSecret | default (printf "%s-database-roles" (include "shardq.fullname" .)) -}}
 {{- end -}}
 
 {{- define "shardq.env.common" -}}
@@ -412,6 +463,9 @@ collects every problem and fails once, listing all of them.
 {{- if and $v.externalDatabase.url (not (regexMatch "^postgresql(\\+psycopg)?://" $v.externalDatabase.url)) -}}
 {{- $p = append $p "externalDatabase.url: must start with postgresql+psycopg://" -}}
 {{- end -}}
+{{- end -}}
+{{- if and $v.databaseRoles.enabled (not $v.postgresql.enabled) (not (and $v.databaseRoles.host $v.databaseRoles.database)) -}}
+{{- $p = append $p "databaseRoles: with an external database, set databaseRoles.host and databaseRoles.database (each process's URL is composed from them and its role's password)" -}}
 {{- end -}}
 {{- if and $v.tls.enabled (not $v.tls.existingSecret) -}}
 {{- $p = append $p "tls.existingSecret: required when tls.enabled (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt)" -}}
