@@ -683,3 +683,30 @@ def test_network_policies_fence_redis_and_postgres(render: Render, name: str) ->
         }
     else:
         assert ("NetworkPolicy", f"{FULLNAME}-postgresql") not in r.by_key
+
+
+@pytest.mark.parametrize("name", ["bundled-netpol", "everything"])
+def test_metrics_ports_are_open_only_to_the_monitoring_namespace(render: Render, name: str) -> None:
+    """/metrics names tenants and handlers: every policy lets only networkPolicy.metricsFrom
+    (by default the namespace named monitoring) reach a metrics port; the coordinator's gRPC
+    port stays open to every client."""
+    r = render(name)
+    monitoring = [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    policies = {p["metadata"]["name"]: p for p in r.kind("NetworkPolicy")}
+    assert {f"{FULLNAME}-shard", f"{FULLNAME}-worker", f"{FULLNAME}-coordinator"} <= set(policies)
+    seen = 0
+    for policy in policies.values():
+        for rule in policy["spec"]["ingress"]:
+            ports = {p["port"] for p in rule.get("ports", [])}
+            if ports & {"metrics", "standby-metrics"}:
+                assert rule.get("from") == monitoring, policy["metadata"]["name"]
+                seen += 1
+    assert seen >= 3
+    grpc_rules = [
+        rule
+        for rule in policies[f"{FULLNAME}-coordinator"]["spec"]["ingress"]
+        if {p["port"] for p in rule["ports"]} == {"grpc"}
+    ]
+    assert grpc_rules == [{"ports": [{"port": "grpc", "protocol": "TCP"}]}]

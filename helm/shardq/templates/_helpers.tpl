@@ -279,6 +279,14 @@ this process's pods get this role's password and none gets the migrator's. Call 
 {{- .Values.databaseRoles.existingSecret | default (printf "%s-database-roles" (include "shardq.fullname" .)) -}}
 {{- end -}}
 
+{{/* The `from` of a metrics port's ingress rule: networkPolicy.metricsFrom, or anyone when it is []. */}}
+{{- define "shardq.networkPolicy.metricsFrom" -}}
+{{- with .Values.networkPolicy.metricsFrom }}
+from:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{- define "shardq.env.common" -}}
 - name: SHARDQ_KEY_PREFIX
   value: {{ .Values.keyPrefix | quote }}
