@@ -12,7 +12,14 @@ The faults, one every ``--fault-every-s`` seconds, drawn with ``--seed``: a work
 (kill -9, restarted a second later), a worker frozen past its lease (SIGSTOP, SIGCONT), a
 shard's redis-server killed (kill -9, restarted on its port and AOF dir), Postgres cut off
 for 10 s, a shard loop leader killed (its standby takes over), the coordinator killed
-(restarted on its port; the clients' default retry budget rides it out).
+(restarted on its port; the clients' default retry budget rides it out). With ``--replicas
+N`` each shard is a primary, N replicas and three sentinels (its address in the shard map a
+``sentinel://`` one, every process waiting for a replica after each write), and one more
+fault: a failover (the shard's primary killed, a replica promoted by the sentinels, the old
+primary back as a replica); ``redis-kill`` then kills a replica.
+
+Recovery time counts from the end of the last fault (not of the load) to every accepted job
+final; the report says how long before the end of the load that fault ended.
 
 The load: ``--rate`` submits a second over ``--tenants`` tenants, each with its own
 request_id, through the client's default :class:`RetryPolicy`: ``sleep`` jobs, ``ledger.add``
@@ -33,21 +40,25 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import grpc
+import redis
 
 from shardq.client import AsyncClient, JobOptions, RetryPolicy
 from shardq.common import config
 from shardq.common.errors import ShardqError
+from shardq.coordinator.tools.data_dir import tokens_path
 from shardq.coordinator.tools.dev import DEFAULT_HANDLERS, DevError
 from shardq.coordinator.tools.dev.cluster import DevCluster
+from shardq.coordinator.tools.dev.database import prepare_database
 from shardq.coordinator.tools.dev.processes import Child, healthz, port_is_free
 from shardq.coordinator.tools.faults import CuttableProxy
 from shardq.coordinator.tools.reconcile import Accepted, Reconciliation, settle
-from shardq.coordinator.tools.redis_server import free_port
+from shardq.coordinator.tools.redis_server import RedisProcess, SentinelProcess, free_port
 
 #: The workers' lease in the soak: short, so a frozen worker's jobs come back within seconds.
 LEASE_MS = 4_000
@@ -61,6 +72,10 @@ FAULTS = (
     "loop-kill",
     "coordinator-kill",
 )
+#: Faults that need replicas (``--replicas``).
+REPLICA_FAULTS = ("failover",)
+#: Longest wait for the sentinels to promote a replica, in s.
+FAILOVER_WAIT_S = 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +93,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--faults",
-        default=",".join(FAULTS),
-        help=f"the faults to draw from, comma-separated (default all: {','.join(FAULTS)})",
+        default=None,
+        help=f"the faults to draw from, comma-separated (default all: {','.join(FAULTS)}, "
+        f"and {','.join(REPLICA_FAULTS)} with --replicas)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="replicas per shard, with three sentinels and --shard-replicas-to-ack 1 "
+        "(default 0: a lone Redis per shard)",
     )
     parser.add_argument(
         "--settle-s",
@@ -97,6 +120,68 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass
+class SentinelGroup:
+    """One shard's Redis (the first started as its primary) and the sentinels watching it."""
+
+    name: str
+    nodes: list[RedisProcess]
+    sentinels: list[SentinelProcess] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"sentinel://{','.join(s.address for s in self.sentinels)}/{self.name}"
+
+    def primary_port(self) -> int | None:
+        """The primary's port as a sentinel names it now (None: none answers)."""
+        for s in self.sentinels:
+            # Untyped: redis-py's sync annotations say "Awaitable | Any" for every reply.
+            client: Any = redis.Redis(port=s.port, socket_timeout=2, socket_connect_timeout=1)
+            try:
+                reply = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
+            except redis.RedisError:
+                continue
+            finally:
+                client.close()
+            if reply:
+                return int(reply[1])
+        return None
+
+
+def _wait(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise DevError(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def _role(port: int) -> str:
+    """INFO replication's role ("master", "slave"), "" when it does not answer."""
+    with contextlib.suppress(redis.RedisError):
+        client: Any = redis.Redis(port=port, socket_timeout=2)
+        try:
+            return str(client.info("replication")["role"])
+        finally:
+            client.close()
+    return ""
+
+
+def _replicas_online(port: int) -> int:
+    with contextlib.suppress(redis.RedisError):
+        client: Any = redis.Redis(port=port, socket_timeout=2)
+        try:
+            info = client.info("replication")
+        finally:
+            client.close()
+        return sum(
+            1
+            for k, v in info.items()
+            if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+        )
+    return 0
+
+
 class SoakCluster(DevCluster):
     """``shardq dev``'s cluster, with what the faults need: every process restartable as it
     was started, a standby shard loop per shard, and Postgres behind a cuttable proxy."""
@@ -107,6 +192,69 @@ class SoakCluster(DevCluster):
         self.proxy: CuttableProxy | None = None
         #: The database past the proxy: the reconciliation reads it during a cut too.
         self.direct_url = ""
+        #: With --replicas: per shard, its Redis and sentinels.
+        self.groups: list[SentinelGroup] = []
+
+    def _start_redis(self) -> None:
+        super()._start_redis()
+        replicas = getattr(self.args, "replicas", 0)
+        if not replicas:
+            return
+        for i, primary in enumerate(self.redis):
+            group = SentinelGroup(f"shard-{i}", [primary])
+            self.groups.append(group)
+            for j in range(replicas):
+                args = ["--replicaof", "127.0.0.1", str(primary.port), "--loglevel", "notice"]
+                args += ["--logfile", str(self.logs / f"redis-{i}-r{j}.log")]
+                node = RedisProcess(data_dir=self.data_dir / f"redis-{i}-r{j}", extra_args=args)
+                group.nodes.append(node.start())
+
+            def synced(port: int = primary.port) -> bool:
+                return _replicas_online(port) >= replicas
+
+            def watched(g: SentinelGroup = group) -> bool:
+                return g.primary_port() is not None
+
+            _wait(f"shard {i}'s replicas in sync", synced)
+            group.sentinels = [SentinelProcess(group.name, primary.port).start() for _ in range(3)]
+            _wait(f"shard {i}'s sentinels", watched)
+        self.write_pids()
+
+    def _sentinels_ready(self) -> bool:
+        """Every sentinel knows the two others and every replica (a failover needs that)."""
+        for g in self.groups:
+            for s in g.sentinels:
+                client: Any = redis.Redis(port=s.port, socket_timeout=2)
+                try:
+                    m = client.execute_command("SENTINEL", "MASTER", g.name)
+                except redis.RedisError:
+                    return False
+                finally:
+                    client.close()
+                fields = dict(zip(m[::2], m[1::2], strict=True)) if isinstance(m, list) else m
+                if (
+                    int(fields[b"num-other-sentinels"]) < 2
+                    or int(fields[b"num-slaves"]) < len(g.nodes) - 1
+                ):
+                    return False
+        return True
+
+    def _common_env(self) -> dict[str, object]:
+        env = super()._common_env()
+        if self.groups:
+            env["SHARDQ_SHARD_REPLICAS_TO_ACK"] = 1
+        return env
+
+    def pids(self) -> dict[str, int]:
+        out = super().pids()
+        for i, g in enumerate(self.groups):
+            for j, node in enumerate(g.nodes[1:]):
+                if node.proc is not None:
+                    out[f"redis-{i}-r{j}"] = node.proc.pid
+            for j, s in enumerate(g.sentinels):
+                if s.proc is not None:
+                    out[f"sentinel-{i}-{j}"] = s.proc.pid
+        return out
 
     def spawn(self, name: str, module: str, env: dict[str, object], ops_port: int = 0) -> Child:
         if module == "shardq.worker":
@@ -115,7 +263,20 @@ class SoakCluster(DevCluster):
         return super().spawn(name, module, env, ops_port)
 
     async def _prepare_database(self) -> None:
-        await super()._prepare_database()
+        if self.groups:
+            await asyncio.to_thread(
+                _wait, "the sentinels to know each other and the replicas", self._sentinels_ready
+            )
+            assert self.tokens is not None
+            await prepare_database(
+                self.database_url,
+                self.shard_addresses(),
+                self.tokens,
+                tokens_path(self.data_dir),
+                "the data dir" if self.postgres else self.database_url,
+            )
+        else:
+            await super()._prepare_database()
         # Everything started from here on reaches Postgres through the proxy.
         self.direct_url = self.database_url
         parts = urlsplit(self.database_url)
@@ -126,12 +287,14 @@ class SoakCluster(DevCluster):
         self.database_url = urlunsplit(parts._replace(netloc=netloc))
 
     def _start_shard_loops(self) -> None:
-        for i, r in enumerate(self.redis):
+        # A loop takes a redis:// URL, or a sentinel:// address.
+        urls = [g.address for g in self.groups] or [r.url for r in self.redis]
+        for i, address in enumerate(urls):
             for role in ("a", "b"):  # a leader and a standby: either may lead
                 port = free_port()
                 env = {
                     **self._common_env(),
-                    "SHARDQ_REDIS_URL": r.url,
+                    "SHARDQ_REDIS_URL": address,
                     "SHARDQ_SHARD_ID": i,
                     "SHARDQ_METRICS_PORT": port,
                     "SHARDQ_INSTANCE_ID": f"soak-shard-{i}{role}",
@@ -154,6 +317,8 @@ class SoakCluster(DevCluster):
         return self.spawn(child.name, module, env, ops_port)
 
     def shard_addresses(self) -> list[str]:
+        if self.groups:
+            return [g.address for g in self.groups]
         return [f"127.0.0.1:{r.port}" for r in self.redis]
 
     def stop(self) -> None:
@@ -161,6 +326,11 @@ class SoakCluster(DevCluster):
             if c.proc.poll() is None:
                 c.proc.send_signal(signal.SIGCONT)
         super().stop()
+        for g in self.groups:
+            for sentinel in g.sentinels:
+                sentinel.cleanup()
+            for node in g.nodes[1:]:  # the first is in self.redis, stopped above
+                node.stop()
 
 
 Fault = Callable[[SoakCluster, random.Random], Awaitable[str]]
@@ -189,12 +359,53 @@ async def worker_freeze(cluster: SoakCluster, rng: random.Random) -> str:
 async def redis_kill(cluster: SoakCluster, rng: random.Random) -> str:
     i = rng.randrange(len(cluster.redis))
     shard = cluster.redis[i]
+    what = f"shard {i}"
+    if cluster.groups:
+        # A replica: the primary's crash is the failover fault. (A primary restarted at once
+        # on an AOF of appendfsync everysec comes back without its last second, and its
+        # replicas resynchronise from it: the writes they had acknowledged go too.)
+        group = cluster.groups[i]
+        primary = await asyncio.to_thread(group.primary_port)
+        shard = rng.choice([n for n in group.nodes if n.port != primary])
+        what = f"shard {i} replica {shard.port}"
     shard.kill()
     shard.stop()  # closes what is left of the killed process
     await asyncio.sleep(0.5)
     shard.start()  # same port, same AOF dir; from this thread, for its parent-death signal
     cluster.write_pids()
-    return f"shard {i}"
+    return what
+
+
+async def failover(cluster: SoakCluster, rng: random.Random) -> str:
+    """kill -9 of a shard's primary; once the sentinels have promoted a replica, the killed
+    Redis comes back on its port and AOF dir, and the sentinels make it a replica."""
+    i = rng.randrange(len(cluster.groups))
+    group = cluster.groups[i]
+    old = await asyncio.to_thread(group.primary_port)
+    victims = [n for n in group.nodes if n.port == old]
+    if not victims:
+        return f"shard {i}: no sentinel named its primary (none killed)"
+    (victim,) = victims
+    victim.kill()
+    victim.stop()
+    deadline = time.monotonic() + FAILOVER_WAIT_S
+    new: int | None = old
+    while new in (old, None) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        new = await asyncio.to_thread(group.primary_port)
+    victim.start()
+    cluster.write_pids()
+    # The fault lasts until the shard is whole again: the sentinels make a primary that comes
+    # back a replica only after seeing it up for a while (~10 s with their defaults), and
+    # until then a shard with one replica takes no acknowledged write.
+    rejoined = False
+    while not rejoined and time.monotonic() < deadline:
+        rejoined = await asyncio.to_thread(_role, victim.port) == "slave"
+        await asyncio.sleep(0 if rejoined else 0.2)
+    if new in (old, None):
+        return f"shard {i}: primary {old} killed, no replica promoted within {FAILOVER_WAIT_S:g} s"
+    back = "back as a replica" if rejoined else f"not a replica within {FAILOVER_WAIT_S:g} s"
+    return f"shard {i}: primary {old} -> {new}, {old} {back}"
 
 
 async def postgres_cut(cluster: SoakCluster, rng: random.Random) -> str:
@@ -234,6 +445,7 @@ FAULT_FUNCTIONS: dict[str, Fault] = {
     "postgres-cut": postgres_cut,
     "loop-kill": loop_kill,
     "coordinator-kill": coordinator_kill,
+    "failover": failover,
 }
 
 
@@ -315,6 +527,13 @@ class Load:
         await asyncio.gather(*(c.close() for c in self.clients.values()))
 
 
+def _fault_kinds(args: argparse.Namespace) -> list[str]:
+    """The faults --faults names, else every one this cluster can have."""
+    if args.faults is None:
+        return [*FAULTS, *(REPLICA_FAULTS if args.replicas > 0 else ())]
+    return [k.strip() for k in args.faults.split(",") if k.strip()]
+
+
 def _say(text: str) -> None:
     print(text, flush=True)
 
@@ -340,13 +559,16 @@ def _cluster_args(args: argparse.Namespace, data_dir: str) -> argparse.Namespace
         log_level="WARNING",
         no_dashboard=True,  # nothing of the soak's reads it; a process less to share the cores
         dashboard_port=0,
+        replicas=args.replicas,
     )
 
 
 async def _inject(
     cluster: SoakCluster, kinds: list[str], every_s: float, rng: random.Random,
-    stop: asyncio.Event, done: Counter[str],
+    stop: asyncio.Event, done: Counter[str], last_end: list[float],
 ) -> None:  # fmt: skip
+    """Inject a fault every ``every_s`` until ``stop``; ``last_end`` gets the monotonic time
+    the last one ended (recovery is counted from it)."""
     while True:
         try:
             await asyncio.wait_for(stop.wait(), every_s)
@@ -354,7 +576,10 @@ async def _inject(
         except TimeoutError:
             pass
         kind = rng.choice(kinds)
-        what = await FAULT_FUNCTIONS[kind](cluster, rng)
+        try:
+            what = await FAULT_FUNCTIONS[kind](cluster, rng)
+        finally:
+            last_end[:] = [time.monotonic()]
         done[kind] += 1
         _say(f"soak: fault {kind}: {what}")
 
@@ -362,12 +587,13 @@ async def _inject(
 async def soak(args: argparse.Namespace, cluster: SoakCluster, seconds: float) -> Reconciliation:
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     rng = random.Random(seed)
-    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    kinds = _fault_kinds(args)
     assert cluster.tokens is not None
     tenants = [f"soak-t{i}" for i in range(args.tenants)]
     load = Load(cluster.target, cluster.tokens.admin, tenants, args.rate, random.Random(seed + 1))
     stop = asyncio.Event()
     faults: Counter[str] = Counter()
+    last_fault_end: list[float] = []
     _say(
         f"soak: seed {seed}, {seconds:.0f} s, {args.rate:g} submits/s over {len(tenants)} "
         f"tenants, a fault every {args.fault_every_s:g} s from {', '.join(kinds)}"
@@ -375,7 +601,9 @@ async def soak(args: argparse.Namespace, cluster: SoakCluster, seconds: float) -
     started = time.monotonic()
     tasks = [
         asyncio.create_task(load.run(stop)),
-        asyncio.create_task(_inject(cluster, kinds, args.fault_every_s, rng, stop, faults)),
+        asyncio.create_task(
+            _inject(cluster, kinds, args.fault_every_s, rng, stop, faults, last_fault_end)
+        ),
     ]
     try:
         while time.monotonic() - started < seconds:
@@ -398,7 +626,9 @@ async def soak(args: argparse.Namespace, cluster: SoakCluster, seconds: float) -
         database_url=cluster.direct_url,
         shards=cluster.shard_addresses(),
         key_prefix="shardq",
-        faults_ended_at=ended,
+        # From the last fault's end: the end of the load would leave out the time the
+        # cluster took to come back from a fault that ended long before (or count none).
+        faults_ended_at=last_fault_end[0] if last_fault_end else ended,
         deadline_s=args.settle_s,
         side_effect_table=LEDGER_TABLE,
         side_effect_handlers={"ledger.add"},
@@ -411,6 +641,12 @@ async def soak(args: argparse.Namespace, cluster: SoakCluster, seconds: float) -
             "load": f"{ended - started:.0f} s, {load.submitted} submits, {len(tenants)} tenants",
             "submits refused": dict(load.refused) or 0,
             "faults": ", ".join(f"{k} {n}" for k, n in sorted(faults.items())) or "none",
+            "last fault": (
+                f"ended {ended - last_fault_end[0]:.1f} s before the end of the load"
+                if last_fault_end
+                else "none (recovery counted from the end of the load)"
+            ),
+            "replicas": getattr(args, "replicas", 0),
         }
     )
     return report
@@ -419,10 +655,18 @@ async def soak(args: argparse.Namespace, cluster: SoakCluster, seconds: float) -
 async def run(args: argparse.Namespace) -> int:
     """``shardq soak``: 0 when the reconciliation is OK, 1 when not (or the cluster failed)."""
     seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 5)
-    unknown = {k.strip() for k in args.faults.split(",") if k.strip()} - set(FAULTS)
-    if unknown or args.rate <= 0 or args.tenants < 1:
-        why = f"unknown faults {sorted(unknown)}" if unknown else "--rate and --tenants must be > 0"
-        print(f"shardq soak: error: {why} (faults: {', '.join(FAULTS)})", file=sys.stderr)
+    kinds = set(_fault_kinds(args))
+    unknown = kinds - set(FAULTS) - set(REPLICA_FAULTS)
+    why = ""
+    if unknown:
+        why = f"unknown faults {sorted(unknown)}"
+    elif kinds & set(REPLICA_FAULTS) and args.replicas < 1:
+        why = f"{', '.join(sorted(kinds & set(REPLICA_FAULTS)))} needs --replicas 1 or more"
+    elif args.rate <= 0 or args.tenants < 1 or args.replicas < 0:
+        why = "--rate and --tenants must be > 0, --replicas >= 0"
+    if why:
+        known = ", ".join((*FAULTS, *REPLICA_FAULTS))
+        print(f"shardq soak: error: {why} (faults: {known})", file=sys.stderr)
         return 2
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="shardq-soak-")
     cluster = SoakCluster(_cluster_args(args, data_dir))
