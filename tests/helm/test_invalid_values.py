@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import pytest
 
 from tests.helm.conftest import run_helm, template_args
@@ -323,3 +325,37 @@ def test_worker_budgets_that_would_block_drains_are_refused(helm: str) -> None:
     assert "must be below the replicas of workers.groups[0] (default) (1)" in autoscaled
     percent = template_error(helm, *WORKER, "--set", "workers.pdb.maxUnavailable=every")
     assert "workers.pdb.maxUnavailable: Does not match pattern" in percent, percent
+
+
+def test_without_generated_secrets_every_credential_must_be_named(helm: str) -> None:
+    """generateSecrets=false (GitOps: no cluster to read a generated secret back from): every
+    credential the chart would generate is named, in one message."""
+    err = template_error(
+        helm,
+        "--set", "generateSecrets=false",
+        "--set", "shards.redis.aclUsers.enabled=true",
+        "--set", "databaseRoles.enabled=true",
+    )  # fmt: skip
+    for name in (
+        "shards.redis.auth.existingSecret",
+        "auth.workerToken.existingSecret",
+        "postgresql.auth.existingSecret",
+        "shards.redis.aclUsers.existingSecret",
+        "databaseRoles.existingSecret",
+    ):
+        assert name in err, f"{name} missing from:\n{err}"
+
+
+def test_without_generated_secrets_named_ones_render_and_nothing_is_generated(
+    helm: str, yaml_mod: ModuleType
+) -> None:
+    sets = [
+        "--set", "generateSecrets=false",
+        "--set", "shards.redis.auth.existingSecret=redis",
+        "--set", "auth.workerToken.existingSecret=token",
+        "--set", "postgresql.auth.existingSecret=pg",
+    ]  # fmt: skip
+    proc = run_helm(helm, *template_args([], sets))
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml_mod.safe_load_all(proc.stdout) if d]
+    assert not [d for d in docs if d["kind"] == "Secret"]

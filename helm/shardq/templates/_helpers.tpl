@@ -472,6 +472,19 @@ collects every problem and fails once, listing all of them.
 {{- $p = append $p "externalDatabase.url: must start with postgresql+psycopg://" -}}
 {{- end -}}
 {{- end -}}
+{{- if not $v.generateSecrets -}}
+{{- /* GitOps (helm template, Argo CD, Flux): lookup sees no cluster, so a generated secret
+would be new at every render. Every credential must then come from a Secret of your own. */ -}}
+{{- $missing := list -}}
+{{- if not $v.shards.redis.auth.existingSecret }}{{ $missing = append $missing "shards.redis.auth.existingSecret" }}{{ end -}}
+{{- if not $v.auth.workerToken.existingSecret }}{{ $missing = append $missing "auth.workerToken.existingSecret" }}{{ end -}}
+{{- if and $v.postgresql.enabled (not $v.postgresql.auth.existingSecret) }}{{ $missing = append $missing "postgresql.auth.existingSecret" }}{{ end -}}
+{{- if and $v.shards.redis.aclUsers.enabled (not $v.shards.redis.aclUsers.existingSecret) }}{{ $missing = append $missing "shards.redis.aclUsers.existingSecret" }}{{ end -}}
+{{- if and $v.databaseRoles.enabled (not $v.databaseRoles.existingSecret) }}{{ $missing = append $missing "databaseRoles.existingSecret" }}{{ end -}}
+{{- if $missing -}}
+{{- $p = append $p (printf "generateSecrets=false: name a Secret of your own for %s (a generated one would change at every render without a cluster to read it back from)" (join ", " $missing)) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $v.databaseRoles.enabled (not $v.postgresql.enabled) (not (and $v.databaseRoles.host $v.databaseRoles.database)) -}}
 {{- $p = append $p "databaseRoles: with an external database, set databaseRoles.host and databaseRoles.database (each process's URL is composed from them and its role's password)" -}}
 {{- end -}}
