@@ -177,3 +177,12 @@ end
 local OK, DEDUPLICATED, CONFLICT, OVER_QUOTA, RATE_LIMITED = 0, 1, 2, 3, 4
 local STALE_LEASE, CANCEL_REQUESTED, NOT_FOUND, ALREADY_TERMINAL, CANCELLED = 5, 6, 7, 8, 9
 local STALE_MAP, MOVING = 10, 11
+
+-- `cmd key member...` for every member of `list`, 1000 at a call (Lua's unpack has a limit).
+local function chunked(cmd, key, list)
+  local n = 0
+  for s = 1, #list, 1000 do
+    n = n + redis.call(cmd, key, unpack(list, s, math.min(s + 999, #list)))
+  end
+  return n
+end

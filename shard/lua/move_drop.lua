@@ -8,15 +8,6 @@
 -- A job is deleted only if move_out took it or it has finished (succeeded or cancelled): an
 -- active one stays. A dedupe key only if it still holds the value that was copied.
 -- Returns  {jobs deleted, dedupe keys deleted, schedules deleted}
--- `cmd key member...` for every member of `list`, 1000 at a call (Lua's unpack has a limit).
-local function chunked(cmd, key, list)
-  local n = 0
-  for s = 1, #list, 1000 do
-    n = n + redis.call(cmd, key, unpack(list, s, math.min(s + 999, #list)))
-  end
-  return n
-end
-
 local tenant = ARGV[1]
 local n_jobs, n_dedupe, n_sched = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local i = 5

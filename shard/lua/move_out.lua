@@ -10,15 +10,6 @@
 -- ARGV[1]  tenant
 -- ARGV[2]  limit                     (int)     most jobs to take
 -- Returns  the number of jobs taken
--- `cmd key member...` for every member of `list`, 1000 at a call (Lua's unpack has a limit).
-local function chunked(cmd, key, list)
-  local n = 0
-  for s = 1, #list, 1000 do
-    n = n + redis.call(cmd, key, unpack(list, s, math.min(s + 999, #list)))
-  end
-  return n
-end
-
 local tenant, limit = ARGV[1], tonumber(ARGV[2])
 local taken = {}
 -- Counts and the moving set changed once at the end, queues' members removed many at a call:

@@ -12,9 +12,8 @@ from redis.asyncio import Redis
 
 from shardq.client import AsyncClient, RetryPolicy, TenantLimits
 from shardq.client.retry import retry_delay_ms
-from shardq.coordinator.tools.redis_server import RedisProcess
 from tests.integration.test_frontdoor_metrics import tokens
-from tests.support.coordinator_proc import coordinator_process, prepare_database
+from tests.support.coordinator_proc import coordinator_process, one_shard
 
 MB = 1_000_000
 MAXMEMORY = 40 * 1024 * 1024
@@ -23,11 +22,8 @@ MAXMEMORY = 40 * 1024 * 1024
 async def test_a_tenant_at_its_byte_quota_is_refused_and_its_neighbour_is_not(
     database_url: str,
 ) -> None:
-    shard = RedisProcess(
-        extra_args=["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction"]
-    ).start()
-    try:
-        admin_token = await prepare_database(database_url, [shard])
+    limited = ["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction"]
+    async with one_shard(database_url, extra_args=limited) as (shard, admin_token):
         greedy_token, neighbour_token = await tokens(database_url, "greedy", "neighbour")
         payload = {"blob": "x" * MB}
         once = RetryPolicy(attempts=1)
@@ -54,5 +50,3 @@ async def test_a_tenant_at_its_byte_quota_is_refused_and_its_neighbour_is_not(
             used = int((await probe.info("memory"))["used_memory"])
             await probe.aclose()
             assert used < MAXMEMORY, used
-    finally:
-        shard.cleanup()

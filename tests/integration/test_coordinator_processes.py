@@ -11,14 +11,16 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from shardq.client import AsyncClient, RetryPolicy
-from shardq.coordinator.tools.redis_server import RedisProcess, free_port
+from shardq.coordinator.tools.redis_server import free_port
 from tests.integration.test_frontdoor_metrics import samples, tokens
-from tests.support.coordinator_proc import CoordinatorProcess, prepare_database
+from tests.support.coordinator_proc import CoordinatorProcess, one_shard
 
 SUBMITS = "grpc_server_started_total"
 SUBMIT_LABELS = frozenset(
@@ -82,16 +84,29 @@ def child_pids(supervisor: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+@asynccontextmanager
+async def coordinators(
+    database_url: str, processes: int, log: Path
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], int, int]]:
+    """``shardq-coordinator --processes N`` on a one-shard cluster, each child's /healthz up;
+    (its process, its gRPC port, the first child's metrics port). Killed after if still up."""
+    async with one_shard(database_url):
+        port, ops = free_port(), two_free_ports()
+        proc = start(database_url, port, ops, processes, log)
+        try:
+            await up(proc, port, [ops + i for i in range(processes)])
+            yield proc, port, ops
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 async def test_two_processes_share_the_port_and_the_calls(
     database_url: str, tmp_path: Path
 ) -> None:
-    shards = [RedisProcess().start()]
-    port, ops = free_port(), two_free_ports()
-    proc = start(database_url, port, ops, 2, tmp_path / "log")
-    try:
-        await prepare_database(database_url, shards)
+    async with coordinators(database_url, 2, tmp_path / "log") as (proc, port, ops):
         (token,) = await tokens(database_url, "acme")
-        await up(proc, port, [ops, ops + 1])
         assert len(child_pids(proc.pid)) == 2
 
         async def one_client(n: int) -> None:
@@ -117,24 +132,13 @@ async def test_two_processes_share_the_port_and_the_calls(
 
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for shard in shards:
-            shard.cleanup()
 
 
 async def test_a_child_that_dies_takes_the_others_down_with_its_code(
     database_url: str, tmp_path: Path
 ) -> None:
-    shards = [RedisProcess().start()]
-    port, ops = free_port(), two_free_ports()
     log = tmp_path / "log"
-    proc = start(database_url, port, ops, 2, log)
-    try:
-        await prepare_database(database_url, shards)
-        await up(proc, port, [ops, ops + 1])
+    async with coordinators(database_url, 2, log) as (proc, _, _):
         first, second = child_pids(proc.pid)
         os.kill(first, signal.SIGKILL)
         assert await asyncio.to_thread(proc.wait, 30) == 128 + signal.SIGKILL
@@ -143,34 +147,15 @@ async def test_a_child_that_dies_takes_the_others_down_with_its_code(
                 os.kill(second, 0)  # still there while it drains
                 await asyncio.sleep(0.1)
         assert "exited with -9: stopping the others" in log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for shard in shards:
-            shard.cleanup()
 
 
 async def test_a_lone_coordinator_will_not_share_a_port_in_use(
     database_url: str, tmp_path: Path
 ) -> None:
-    shards = [RedisProcess().start()]
-    port, ops = free_port(), free_port()
-    first = start(database_url, port, ops, 1, tmp_path / "first")
-    second: subprocess.Popen[bytes] | None = None
-    try:
-        await prepare_database(database_url, shards)
-        await up(first, port, [ops])
+    async with coordinators(database_url, 1, tmp_path / "first") as (_, port, _):
         second = start(database_url, port, free_port(), 1, tmp_path / "second")
         assert await asyncio.to_thread(second.wait, 60) == 1
         assert "cannot listen on 127.0.0.1:" in (tmp_path / "second").read_text()
-        refused = start(database_url, 0, free_port(), 2, tmp_path / "refused")
-        assert await asyncio.to_thread(refused.wait, 60) == 1
-        assert "--processes needs a fixed --listen port" in (tmp_path / "refused").read_text()
-    finally:
-        for p in (first, second):
-            if p is not None and p.poll() is None:
-                p.terminate()
-                p.wait(30)
-        for shard in shards:
-            shard.cleanup()
+    refused = start(database_url, 0, free_port(), 2, tmp_path / "refused")
+    assert await asyncio.to_thread(refused.wait, 60) == 1
+    assert "--processes needs a fixed --listen port" in (tmp_path / "refused").read_text()

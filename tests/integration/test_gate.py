@@ -12,10 +12,9 @@ import grpc
 import pytest
 
 from shardq.client import AsyncClient, RetryPolicy, TenantLimits
-from shardq.coordinator.tools.redis_server import RedisProcess
 from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from tests.integration.test_frontdoor_metrics import scrape, tokens, value
-from tests.support.coordinator_proc import CoordinatorProcess, coordinator_process, prepare_database
+from tests.support.coordinator_proc import CoordinatorProcess, coordinator_process, one_shard
 
 MB = 1_000_000
 
@@ -55,9 +54,7 @@ async def submit_raw(target: str, token: str | None, payload: bytes) -> grpc.Sta
 async def test_an_unauthenticated_60_mb_call_is_refused_before_it_is_read(
     database_url: str,
 ) -> None:
-    shards = [RedisProcess().start()]
-    try:
-        admin = await prepare_database(database_url, shards)
+    async with one_shard(database_url) as (_, admin):
         (token,) = await tokens(database_url, "acme")
         # A receive limit over the call's size: what stops it must be the gate, not gRPC.
         async with coordinator_process(
@@ -81,17 +78,12 @@ async def test_an_unauthenticated_60_mb_call_is_refused_before_it_is_read(
             assert code == grpc.StatusCode.INVALID_ARGUMENT
             assert memory_kb(pid)["VmHWM"] - before > 50_000
             coordinator.check_alive()
-    finally:
-        for shard in shards:
-            shard.cleanup()
 
 
 async def test_ten_thousand_random_tokens_cost_a_bounded_number_of_lookups(
     database_url: str,
 ) -> None:
-    shards = [RedisProcess().start()]
-    try:
-        admin = await prepare_database(database_url, shards)
+    async with one_shard(database_url) as (_, admin):
         (token,) = await tokens(database_url, "acme")
         async with (
             coordinator_process(database_url, admin) as coordinator,
@@ -122,9 +114,6 @@ async def test_ten_thousand_random_tokens_cost_a_bounded_number_of_lookups(
             # The known token from the same address is not locked out with the guesser.
             again = await acme.submit("test.work", {}, request_id="after")
             assert not again.deduplicated
-    finally:
-        for shard in shards:
-            shard.cleanup()
 
 
 async def guess(coordinator: CoordinatorProcess, n: int) -> dict[grpc.StatusCode, int]:
@@ -152,9 +141,7 @@ async def test_a_tenant_over_its_stream_cap_is_refused_and_others_are_not(
     database_url: str,
 ) -> None:
     """acme has the coordinator's default cap (2); other is given 3 through SetTenantLimits."""
-    shards = [RedisProcess().start()]
-    try:
-        admin_token = await prepare_database(database_url, shards)
+    async with one_shard(database_url) as (_, admin_token):
         acme_token, other_token = await tokens(database_url, "acme", "other")
         async with (
             coordinator_process(database_url, admin_token, max_streams_per_tenant=2) as coordinator,
@@ -208,6 +195,3 @@ async def test_a_tenant_over_its_stream_cap_is_refused_and_others_are_not(
             for call in (*open_calls, *theirs, retry):
                 call.cancel()
             await channel.close()
-    finally:
-        for shard in shards:
-            shard.cleanup()

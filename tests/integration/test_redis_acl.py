@@ -26,7 +26,12 @@ from shardq.coordinator.tools.redis_server import RedisProcess, free_port, paren
 from shardq.shard.client import ShardClient
 from shardq.shard.models import NewJob, ShardSettings
 from tests.integration.test_frontdoor_metrics import tokens
-from tests.support.coordinator_proc import coordinator_process, prepare_database, wait_for
+from tests.support.coordinator_proc import (
+    coordinator_process,
+    one_shard,
+    prepare_database,
+    wait_for,
+)
 from tests.support.workers import result_rows
 
 PREFIX = "sq"
@@ -58,9 +63,7 @@ def as_user(shard: RedisProcess, role: str) -> Redis:
 
 
 async def test_the_worker_user_does_its_work_and_nothing_else(database_url: str) -> None:
-    shard = RedisProcess().start()
-    try:
-        await prepare_database(database_url, [shard])
+    async with one_shard(database_url) as (shard, _):
         done = make_users(database_url, "--disable-default")
         assert done.returncode == 0, done.stderr
         assert "sq-worker, sq-loop, sq-coordinator, sq-admin; default user off" in done.stdout
@@ -110,8 +113,6 @@ async def test_the_worker_user_does_its_work_and_nothing_else(database_url: str)
         # Running it again replaces the users (with the admin: default is off now).
         again = make_users(database_url, "--redis-username", "sq-admin", "--redis-password", "pw-a")
         assert again.returncode == 0, again.stderr
-    finally:
-        shard.cleanup()
 
 
 def test_shards_acl_refuses_to_lock_everyone_out(database_url: str) -> None:

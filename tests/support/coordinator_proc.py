@@ -91,6 +91,17 @@ async def prepare_database(database_url: str, shards: Sequence[RedisProcess]) ->
 
 
 @asynccontextmanager
+async def one_shard(database_url: str, **redis: Any) -> AsyncIterator[tuple[RedisProcess, str]]:
+    """A redis-server (``RedisProcess(**redis)``) as the one shard of ``database_url``'s map;
+    (it, the admin token). Stopped and removed after."""
+    shard = RedisProcess(**redis).start()
+    try:
+        yield shard, await prepare_database(database_url, [shard])
+    finally:
+        shard.cleanup()
+
+
+@asynccontextmanager
 async def coordinator_process(
     database_url: str,
     admin_token: str,
