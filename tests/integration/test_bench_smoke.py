@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.support.postgres import admin_url
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -41,10 +44,11 @@ def test_quick_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
 def test_the_coordinator_processes_benchmark_runs_and_reports_both_figures() -> None:
     """``bench/coordinator_processes.py`` at its smallest: both settings report a rate and a
     CPU cost (not a measurement: nothing about their values is asserted but that they exist)."""
+    env = {**os.environ, "BENCH_POSTGRES_URL": admin_url()}  # the tests' Postgres, wherever
     done = subprocess.run(
         [sys.executable, str(BENCH / "coordinator_processes.py"), "--seconds", "1",
          "--repeat", "1", "--producers", "1", "--in-flight", "4"],
-        capture_output=True, text=True, timeout=240, check=False,
+        capture_output=True, text=True, timeout=240, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

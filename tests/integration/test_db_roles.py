@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -25,7 +25,8 @@ from tests.support.coordinator_proc import coordinator_process, prepare_database
 from tests.support.workers import result_rows
 
 PASSWORDS = {"coordinator": "pw-coordinator", "worker": "pw-worker", "loop": "pw-loop"}
-SHARDQ = shutil.which("shardq") or "shardq"
+# The shardq of this interpreter (a fresh machine has no venv on PATH).
+SHARDQ = str(Path(sys.executable).parent / "shardq")
 
 
 def migrate_roles(database_url: str, prefix: str, **env: str) -> subprocess.CompletedProcess[str]:

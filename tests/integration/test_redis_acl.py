@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +35,8 @@ from tests.support.workers import result_rows
 
 PREFIX = "sq"
 PASSWORDS = {"worker": "pw-w", "loop": "pw-l", "coordinator": "pw-c", "admin": "pw-a"}
-SHARDQ = shutil.which("shardq") or "shardq"
+# The shardq of this interpreter (a fresh machine has no venv on PATH).
+SHARDQ = str(Path(sys.executable).parent / "shardq")
 #: How Redis refuses a command (NOPERM) or a script's key (its own words) to a user.
 REFUSED = "NOPERM|no permissions|can't access"
 
