@@ -27,6 +27,7 @@ from pathlib import Path
 import psycopg
 
 from shardq.client import AsyncClient, RetryPolicy
+from shardq.coordinator.processes import children_of
 from shardq.coordinator.shardmap import ShardMapStore
 from shardq.coordinator.tokens import TokenStore
 from shardq.coordinator.tools.redis_server import RedisProcess, free_port, parent_death_prefix
@@ -67,8 +68,7 @@ def _cpu_s(pids: list[int]) -> float:
 
 
 def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
-    return [int(p) for p in out.stdout.split()] or [pid]
+    return children_of(pid) or [pid]
 
 
 def _healthy(port: int) -> bool:

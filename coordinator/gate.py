@@ -82,7 +82,7 @@ BUSY_RETRY_MS = 100
 @dataclass(frozen=True, slots=True)
 class GateSettings:
     #: Unary calls of one tenant in flight on this process.
-    max_calls_per_tenant: int = 128
+    max_calls_per_tenant: int = 512
     #: SubmitJobs calls in flight on this process.
     max_batch_calls: int = 16
     #: WatchJob streams of one tenant open on this process.

@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from types import FrameType
 
 from shardq.coordinator.tools.redis_server import parent_death_prefix
@@ -35,6 +36,22 @@ log = logging.getLogger("shardq.coordinator")
 
 #: Set in each child's environment: its index, and that it shares its port on purpose.
 INDEX_VARIABLE = "SHARDQ_COORDINATOR_PROCESS_INDEX"
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a supervisor's coordinators), from /proc:
+    what pgrep -P says, without needing pgrep."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return sorted(found)
 
 
 def is_child() -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from shardq.client import AsyncClient, RetryPolicy
+from shardq.coordinator.processes import children_of
 from shardq.coordinator.tools.redis_server import free_port
 from tests.integration.test_frontdoor_metrics import samples, tokens
 from tests.support.coordinator_proc import CoordinatorProcess, one_shard
@@ -77,13 +78,6 @@ async def up(proc: subprocess.Popen[bytes], port: int, ops_ports: list[int]) -> 
             raise AssertionError(f"no /healthz on {ops}")
 
 
-def child_pids(supervisor: int) -> list[int]:
-    out = subprocess.run(
-        ["pgrep", "-P", str(supervisor)], capture_output=True, text=True, check=False
-    )
-    return [int(p) for p in out.stdout.split()]
-
-
 @asynccontextmanager
 async def coordinators(
     database_url: str, processes: int, log: Path
@@ -107,7 +101,7 @@ async def test_two_processes_share_the_port_and_the_calls(
 ) -> None:
     async with coordinators(database_url, 2, tmp_path / "log") as (proc, port, ops):
         (token,) = await tokens(database_url, "acme")
-        assert len(child_pids(proc.pid)) == 2
+        assert len(children_of(proc.pid)) == 2
 
         async def one_client(n: int) -> None:
             # A connection of its own, as a client in another process would have (channels of
@@ -139,7 +133,7 @@ async def test_a_child_that_dies_takes_the_others_down_with_its_code(
 ) -> None:
     log = tmp_path / "log"
     async with coordinators(database_url, 2, log) as (proc, _, _):
-        first, second = child_pids(proc.pid)
+        first, second = children_of(proc.pid)
         os.kill(first, signal.SIGKILL)
         assert await asyncio.to_thread(proc.wait, 30) == 128 + signal.SIGKILL
         with pytest.raises(ProcessLookupError):

@@ -38,7 +38,7 @@ PASSWORDS = {"worker": "pw-w", "loop": "pw-l", "coordinator": "pw-c", "admin": "
 # The shardq of this interpreter (a fresh machine has no venv on PATH).
 SHARDQ = str(Path(sys.executable).parent / "shardq")
 #: How Redis refuses a command (NOPERM) or a script's key (its own words) to a user.
-REFUSED = "NOPERM|no permissions|can't access"
+REFUSED = "(?i)NOPERM|no permissions|can't access"
 
 
 def make_users(database_url: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -68,47 +68,44 @@ async def test_the_worker_user_does_its_work_and_nothing_else(database_url: str)
         assert done.returncode == 0, done.stderr
         assert "sq-worker, sq-loop, sq-coordinator, sq-admin; default user off" in done.stdout
 
-        nobody = Redis(port=shard.port)
-        with pytest.raises((AuthenticationError, ResponseError)):
-            await nobody.ping()
-        await nobody.aclose()
+        async with Redis(port=shard.port) as nobody:
+            with pytest.raises((AuthenticationError, ResponseError)):
+                await nobody.ping()
 
-        worker = as_user(shard, "worker")
         settings = ShardSettings(key_prefix=PREFIX)
-        as_worker = ShardClient(worker, settings)
-        assert await as_worker.claim("w1", 10, 30_000) == []  # its own work: allowed
         job = NewJob(tenant="acme", handler="h", payload=b"{}", request_id="r1")
-        with pytest.raises(ResponseError, match=REFUSED):
-            await as_worker.enqueue([job])  # admitting a job is the coordinator's
-        for command in (
-            ("HSET", f"{PREFIX}:limits:acme", "max_active", "1000"),  # raise its own limits
-            ("SADD", f"{PREFIX}:paused", "rival"),  # pause another tenant
-            ("GET", f"{PREFIX}:dedupe:acme:r1"),
-            ("SET", f"{PREFIX}:leader", "me"),  # take the loop's lease
-            ("HSET", f"{PREFIX}:schedules:acme", "s", "x"),
-            ("SET", f"{PREFIX}:identity", "9"),
-            ("SET", "elsewhere", "1"),  # outside the prefix
-            ("FLUSHALL",),
-            ("KEYS", "*"),
-            ("CONFIG", "SET", "appendonly", "no"),
-            ("ACL", "SETUSER", "default", "on"),
-            ("SCRIPT", "FLUSH"),
-        ):
+        async with as_user(shard, "worker") as worker:
+            as_worker = ShardClient(worker, settings)
+            assert await as_worker.claim("w1", 10, 30_000) == []  # its own work: allowed
             with pytest.raises(ResponseError, match=REFUSED):
-                await worker.execute_command(*command)
-        # Lua it sends itself runs with its own rights, not the server's.
-        with pytest.raises(ResponseError, match=REFUSED):
-            await worker.eval(f"return redis.call('SET', '{PREFIX}:leader', 'me')", 0)
-        assert int(await worker.hget(f"{PREFIX}:limits:acme", "max_active") or 0) == 0
-        await worker.aclose()
+                await as_worker.enqueue([job])  # admitting a job is the coordinator's
+            for command in (
+                ("HSET", f"{PREFIX}:limits:acme", "max_active", "1000"),  # raise its limits
+                ("SADD", f"{PREFIX}:paused", "rival"),  # pause another tenant
+                ("GET", f"{PREFIX}:dedupe:acme:r1"),
+                ("SET", f"{PREFIX}:leader", "me"),  # take the loop's lease
+                ("HSET", f"{PREFIX}:schedules:acme", "s", "x"),
+                ("SET", f"{PREFIX}:identity", "9"),
+                ("SET", "elsewhere", "1"),  # outside the prefix
+                ("FLUSHALL",),
+                ("KEYS", "*"),
+                ("CONFIG", "SET", "appendonly", "no"),
+                ("ACL", "SETUSER", "default", "on"),
+                ("SCRIPT", "FLUSH"),
+            ):
+                with pytest.raises(ResponseError, match=REFUSED):
+                    await worker.execute_command(*command)
+            # Lua it sends itself runs with its own rights, not the server's.
+            with pytest.raises(ResponseError, match=REFUSED):
+                await worker.eval(f"return redis.call('SET', '{PREFIX}:leader', 'me')", 0)
+            assert int(await worker.hget(f"{PREFIX}:limits:acme", "max_active") or 0) == 0
 
         # The coordinator's user admits, but administers nothing.
-        coordinator = as_user(shard, "coordinator")
-        assert (await ShardClient(coordinator, settings).enqueue([job]))[0].job_id
-        for command in (("FLUSHALL",), ("CONFIG", "SET", "appendonly", "no"), ("KEYS", "*")):
-            with pytest.raises(ResponseError, match=REFUSED):
-                await coordinator.execute_command(*command)
-        await coordinator.aclose()
+        async with as_user(shard, "coordinator") as coordinator:
+            assert (await ShardClient(coordinator, settings).enqueue([job]))[0].job_id
+            for command in (("FLUSHALL",), ("CONFIG", "SET", "appendonly", "no"), ("KEYS", "*")):
+                with pytest.raises(ResponseError, match=REFUSED):
+                    await coordinator.execute_command(*command)
 
         # Running it again replaces the users (with the admin: default is off now).
         again = make_users(database_url, "--redis-username", "sq-admin", "--redis-password", "pw-a")
@@ -303,13 +300,11 @@ async def test_the_users_conf_a_redis_includes_at_start_holds_the_same_users(
     try:
         settings = ShardSettings(key_prefix=PREFIX)
         job = NewJob(tenant="acme", handler="h", payload=b"{}", request_id="r1")
-        coordinator = as_user(shard, "coordinator")
-        assert (await ShardClient(coordinator, settings).enqueue([job]))[0].job_id
-        worker = as_user(shard, "worker")
-        with pytest.raises(ResponseError, match=REFUSED):
-            await ShardClient(worker, settings).enqueue([job])
-        assert await ShardClient(worker, settings).claim("w1", 10, 30_000)
-        for client in (coordinator, worker):
-            await client.aclose()
+        async with as_user(shard, "coordinator") as coordinator:
+            assert (await ShardClient(coordinator, settings).enqueue([job]))[0].job_id
+        async with as_user(shard, "worker") as worker:
+            with pytest.raises(ResponseError, match=REFUSED):
+                await ShardClient(worker, settings).enqueue([job])
+            assert await ShardClient(worker, settings).claim("w1", 10, 30_000)
     finally:
         shard.cleanup()
