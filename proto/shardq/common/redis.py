@@ -111,11 +111,15 @@ class _ShardSentinelPool(SentinelConnectionPool):
     def __init__(self, service_name: str, sentinel_manager: Sentinel, **kwargs: Any) -> None:
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
         self._watcher: asyncio.Task[None] | None = None
+        #: Closed (``disconnect()`` of every connection: ``aclose``): no watcher is started
+        #: again, so a command that races with the close cannot leave sentinel connections
+        #: open behind a pool nobody will close.
+        self._closed = False
         #: Changes of primary this pool has followed (after the first it learnt).
         self.switches = 0
 
     async def ensure_connection(self, connection: AbstractConnection) -> None:
-        if self._watcher is None or self._watcher.done():
+        if not self._closed and (self._watcher is None or self._watcher.done()):
             self._watcher = asyncio.get_running_loop().create_task(self._follow_switches())
         known = self.master_address
         if (
@@ -169,6 +173,8 @@ class _ShardSentinelPool(SentinelConnectionPool):
         await self.disconnect(inuse_connections=False)
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
+        if inuse_connections:
+            self._closed = True  # first: nothing may start a watcher while this runs
         await super().disconnect(inuse_connections)
         # inuse_connections=False is the pool following a failover (idle connections to the
         # old primary dropped); True is aclose(): the watcher and the sentinels' clients go
