@@ -4,23 +4,18 @@ loop, CLI).
 A shard's address is either one Redis, ``host:port``, or a Redis Sentinel group that watches a
 primary and its replicas, ``sentinel://h1:26379,h2:26379,h3:26379/shard-0`` (the master's name
 after the slash). For the second, every connection asks the sentinels which Redis is the
-primary now, the pool hears of a switch from the sentinels (``+switch-master``) and then
-hands out no connection to the old primary, and a connection that finds it gone (refused,
-reset) or demoted (a ``READONLY`` reply) is dropped and asks again: a failover is followed
-without a restart or a map change.
+primary now, and a connection that finds it gone (refused, reset) or demoted (a
+``READONLY`` reply) is dropped and asks again: a failover is followed without a restart or a
+map change.
 The shard's password (``--redis-password``) is given to the sentinels too.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
@@ -31,9 +26,6 @@ from shardq.common.errors import InvalidArgument, Unavailable
 SENTINEL_SCHEME = "sentinel://"
 #: The sentinels' port when an address leaves it out (Redis Sentinel's own default).
 SENTINEL_PORT = 26379
-#: How often a pool on a Sentinel group asks which Redis is the primary, besides hearing of a
-#: switch (``+switch-master``) at once: for a message missed while it was not subscribed.
-MASTER_CHECK_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,101 +88,21 @@ def parse_sentinel(address: str) -> SentinelAddress:
 
 
 class _ShardSentinelPool(SentinelConnectionPool):
-    """A sentinel-backed pool that follows a switch of primary at once, and closes its
-    sentinels' connections when closed.
+    """A sentinel-backed pool that also closes its sentinels' connections when closed.
 
-    redis-py's pool asks the sentinels only when it opens a connection, and drops a
-    connection only when it breaks or meets READONLY: after a failover that leaves the old
-    primary up (demoted to a replica, or cut off from the sentinels but not from us), its
-    open connections kept reading from it (stale data) and a write could reach a stale
-    primary. So the pool listens to a sentinel's ``+switch-master`` (and asks the sentinels
-    for the primary every ``MASTER_CHECK_INTERVAL_S``, for a message missed while it was not
-    listening), and a connection is handed out only if it is to the primary it knows now;
-    any other is closed first, and reconnects to the primary the sentinels name."""
-
-    def __init__(self, service_name: str, sentinel_manager: Sentinel, **kwargs: Any) -> None:
-        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
-        self._watcher: asyncio.Task[None] | None = None
-        #: Closed (``disconnect()`` of every connection: ``aclose``): no watcher is started
-        #: again, so a command that races with the close cannot leave sentinel connections
-        #: open behind a pool nobody will close.
-        self._closed = False
-        #: Changes of primary this pool has followed (after the first it learnt).
-        self.switches = 0
-
-    async def ensure_connection(self, connection: AbstractConnection) -> None:
-        if not self._closed and (self._watcher is None or self._watcher.done()):
-            self._watcher = asyncio.get_running_loop().create_task(self._follow_switches())
-        known = self.master_address
-        if (
-            known is not None
-            and connection.is_connected
-            and (getattr(connection, "host", None), getattr(connection, "port", None)) != known
-        ):
-            await connection.disconnect()  # to a Redis that is no longer the primary
-        await super().ensure_connection(connection)
-
-    async def _follow_switches(self) -> None:
-        """Listen to the sentinels in turn (the next when one fails) for as long as the pool
-        lives."""
-        sentinels = self.sentinel_manager.sentinels
-        for n in itertools.count():
-            try:
-                await self._listen(sentinels[n % len(sentinels)])
-            except (RedisError, OSError):
-                await asyncio.sleep(0.5)
-
-    async def _listen(self, sentinel: Redis) -> None:
-        loop = asyncio.get_running_loop()
-        async with sentinel.pubsub() as pubsub:
-            await pubsub.subscribe("+switch-master")
-            # Asked after subscribing: a switch between the two is not missed.
-            await self._primary_is(await self._discover())
-            checked = loop.time()
-            while True:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if message is not None:
-                    # "<name> <old-ip> <old-port> <new-ip> <new-port>"
-                    name, _, _, host, port = _text(message["data"]).split()
-                    if name == self.service_name:
-                        await self._primary_is((host, int(port)))
-                        checked = loop.time()
-                if loop.time() - checked >= MASTER_CHECK_INTERVAL_S:
-                    await self._primary_is(await self._discover())
-                    checked = loop.time()
-
-    async def _discover(self) -> tuple[str, int]:
-        host, port = await self.sentinel_manager.discover_master(self.service_name)
-        return str(host), int(port)
-
-    async def _primary_is(self, address: tuple[str, int]) -> None:
-        if address == self.master_address:
-            return
-        if self.master_address is not None:
-            self.switches += 1
-        self.master_address = address
-        # Idle connections now; those in use when they are next handed out (above).
-        await self.disconnect(inuse_connections=False)
+    It follows a failover as redis-py's does: a connection asks the sentinels for the primary
+    when it connects, and one that breaks or meets READONLY is dropped and asks again. (A
+    pool that also listened to ``+switch-master`` made the failover chaos test flaky on a
+    fresh machine — sentinel connections left open, submits refused past their retries —
+    and was taken back out: docs/operating.md, issue #18.)"""
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
-        if inuse_connections:
-            self._closed = True  # first: nothing may start a watcher while this runs
         await super().disconnect(inuse_connections)
         # inuse_connections=False is the pool following a failover (idle connections to the
-        # old primary dropped); True is aclose(): the watcher and the sentinels' clients go
-        # with the pool.
+        # old primary dropped); True is aclose(): the sentinels' clients go with the pool.
         if inuse_connections:
-            watcher, self._watcher = self._watcher, None
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-                    await watcher
             for sentinel in self.sentinel_manager.sentinels:
                 await sentinel.aclose()
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def redis_for(address: str, password: str, username: str = "") -> Redis:
