@@ -16,6 +16,7 @@ from shardq.common.redis import is_sentinel, redis_for
 from shardq.shard.client import ShardClient
 from shardq.shard.loop import LoopMetrics, LoopSettings, ShardLoop, default_instance_id
 from shardq.shard.models import ShardSettings
+from shardq.shard.precheck import Prechecker, PrecheckMetrics, PrecheckSettings
 from shardq.shard.rows import RowMetrics, RowSettings, TerminalRows
 from shardq.store.db import psycopg_dsn, sqlalchemy_url
 from shardq.store.results import ResultStore
@@ -39,6 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(
         p, "--reconcile-interval-s", 30.0, "pause between passes comparing dead jobs with their "
         "rows (0: off)", float,
+    )  # fmt: skip
+    config.add(
+        p, "--precheck-ahead-ms", 1_000, "how far ahead of their run-at delayed jobs' result rows "
+        "are looked up, so that workers start them without a lookup (0: off)", int,
     )  # fmt: skip
     config.add(p, "--leader-ttl-ms", 5_000, "leader lease length", int)
     config.add(p, "--reap-interval-ms", 1_000, "how often expired leases are reaped", int)
@@ -72,11 +77,17 @@ async def serve(args: argparse.Namespace) -> None:
     store = (
         ResultStore(psycopg_dsn(sqlalchemy_url(args.database_url))) if args.database_url else None
     )
-    rows = None
+    rows = precheck = None
     if store is not None:
         settings = RowSettings(reconcile_interval_s=args.reconcile_interval_s)
         metrics = RowMetrics(registry, str(args.shard_id))
         rows = TerminalRows(shard, store, args.shard_id, settings, metrics)
+        precheck = Prechecker(
+            shard,
+            store,
+            PrecheckSettings(ahead_ms=args.precheck_ahead_ms),
+            PrecheckMetrics(registry, str(args.shard_id)),
+        )
     else:
         # Not fatal: nothing is lost (the IDs wait on the outbox until a loop with a database
         # writes their rows), but until then those jobs have no row. Say so loudly.
@@ -95,6 +106,7 @@ async def serve(args: argparse.Namespace) -> None:
         ),
         LoopMetrics(registry, str(args.shard_id)),
         rows,
+        precheck,
     )
     ops = OpsServer(
         registry,

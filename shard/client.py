@@ -59,6 +59,7 @@ from shardq.shard.records import (
     JobProgress,
     JobRecord,
     JobState,
+    PrecheckPage,
     PreparedJob,
     limit_defaults,
 )
@@ -77,7 +78,8 @@ MAX_WEIGHT = 1000
 #: worker's next heartbeat is refused) or re-elects a leader, and they are the frequent calls.
 #: Claims are waited for (``ShardClient.claim``): the fencing counter they raise must survive
 #: a failover, or the promoted replica hands the same (job, token) to a second worker.
-NOT_WAITED = frozenset({"heartbeat", "leader", "leader_release"})
+#: A precheck mark lost with a failover only costs the worker a lookup: not worth a WAIT.
+NOT_WAITED = frozenset({"heartbeat", "leader", "leader_release", "precheck", "prechecked"})
 #: The fields of the limits:{t} hash, in the order of TenantLimits' fields (result_retention_s
 #: aside: Postgres' purge reads it from the tenant's row, the shard has no use for it).
 LIMIT_FIELDS = (
@@ -320,6 +322,26 @@ class ShardClient:
                 if int(next_due) < 0:
                     return total, None
                 return total, int(next_due) - int(shard_now) + self.clock.now_ms()
+
+    async def precheck_page(
+        self, from_ms: int, offset: int, until_ms: int, limit: int | None = None
+    ) -> PrecheckPage:
+        """Delayed jobs due in [from_ms, until_ms] (after ``offset`` of those due at
+        from_ms) never claimed nor looked up yet: ``precheck.lua``."""
+        limit = limit or self.settings.max_batch
+        reply = await self._run(
+            "precheck", [self.keys.scheduled()], [from_ms, offset, until_ms, limit]
+        )
+        return PrecheckPage.from_reply(reply)
+
+    async def mark_prechecked(self, job_ids: Sequence[str]) -> int:
+        """Mark jobs found without a final row (``prechecked.lua``): their first claim tells the
+        worker so. Returns how many were still never claimed, and so marked."""
+        marked = 0
+        step = self.settings.max_batch
+        for i in range(0, len(job_ids), step):
+            marked += int(await self._run("prechecked", [], list(job_ids[i : i + step])))
+        return marked
 
     async def reap(self, limit: int | None = None) -> tuple[int, int]:
         """Take back expired leases until none is left: (back to ready, to dead)."""

@@ -29,6 +29,7 @@ from shardq.shard import cron
 from shardq.shard.client import ShardClient
 from shardq.shard.load import LoadSampler, TenantGauges
 from shardq.shard.models import DueTick, NewJob
+from shardq.shard.precheck import Prechecker
 from shardq.shard.rows import TerminalRows
 
 log = logging.getLogger("shardq.shard")
@@ -91,10 +92,13 @@ class ShardLoop:
         settings: LoopSettings,
         metrics: LoopMetrics | None = None,
         rows: TerminalRows | None = None,
+        precheck: Prechecker | None = None,
     ) -> None:
         self.shard = shard
         #: None: no results database; ended jobs wait on the outbox (shardq-shard warns).
         self.rows = rows
+        #: None: no results database; workers look every job up themselves.
+        self.precheck = precheck
         self.settings = settings
         self.metrics = metrics or LoopMetrics(CollectorRegistry(), "0")
         self.role = "standby"
@@ -150,6 +154,8 @@ class ShardLoop:
                     group.create_task(self._sample_load_forever())
                 if self.rows is not None:
                     group.create_task(self.rows.run())
+                if self.precheck is not None:
+                    group.create_task(self.precheck.run())
         except* LeadershipLost:
             if self._stopping.is_set():  # a clean stop: run() releases the lease itself
                 log.info("stopping; giving up the leader lease")

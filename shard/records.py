@@ -104,6 +104,7 @@ class JobField(StrEnum):
     PROGRESS = "pg"
     TRACE_CONTEXT = "tc"
     STORE_RETRIES = "sr"
+    PRECHECKED = "ck"
 
     @property
     def attribute(self) -> str:
@@ -141,6 +142,8 @@ JOB_FIELD_DOCS: Final[Mapping[JobField, str]] = {
     "'<traceparent>\\n<tracestate>' (absent when it sent none: shardq.common.tracing)",
     JobField.STORE_RETRIES: "attempts not counted: they failed for want of the results database "
     "(fail.lua; absent: none; a requeue of the dead job resets it)",
+    JobField.PRECHECKED: "1 when the shard loop found no final row for the job's request ID "
+    "before its first claim (prechecked.lua; absent: not looked up: the worker does)",
 }
 
 
@@ -350,6 +353,8 @@ class JobRecord:
     trace_context: str = ""
     #: Attempts handed back uncounted: the results database could not be reached (fail.lua).
     store_retries: int = 0
+    #: The shard loop found no final row for it ahead of its first claim (``shard/precheck.py``).
+    prechecked: bool = False
 
     @property
     def next_attempt_at_ms(self) -> int:
@@ -397,6 +402,7 @@ class JobRecord:
             progress=JobProgress.parse(h.get(JobField.PROGRESS)),
             trace_context=t(JobField.TRACE_CONTEXT),
             store_retries=i(JobField.STORE_RETRIES),
+            prechecked=h.get(JobField.PRECHECKED) == b"1",
         )
 
     @classmethod
@@ -421,7 +427,7 @@ class JobRecord:
 class ClaimedJob:
     """A job this worker now holds a lease on; ``fence`` must accompany every later call.
 
-    The fields are declared in the order of ``claim.lua``'s reply, 14 entries per job
+    The fields are declared in the order of ``claim.lua``'s reply, 16 entries per job
     (:data:`CLAIM_STRIDE`); :meth:`from_reply` reads them in that order.
     """
 
@@ -446,6 +452,10 @@ class ClaimedJob:
     #: The submitter's trace context (hash field ``tc``), '' for none: the worker's spans of
     #: this job join that trace (``shardq.common.tracing``).
     trace_context: str = ""
+    #: A first claim of a job the shard loop found no final row for ahead of its run-at
+    #: (``shard/precheck.py``): nothing can have recorded it since, so the worker starts it
+    #: at once instead of looking its row up first.
+    checked: bool = False
 
     @classmethod
     def from_reply(cls, flat: Sequence[Any]) -> list[ClaimedJob]:
@@ -469,9 +479,34 @@ class ClaimedJob:
                 queue=flat[i + 12].decode(),
                 started_at_ms=int(flat[i + 13]),
                 trace_context=flat[i + 14].decode(),
+                checked=flat[i + 15] == b"1",
             )
             for i in range(0, len(flat), CLAIM_STRIDE)
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class PrecheckPage:
+    """One call of ``precheck.lua``: a page of the delayed set by run-at, and the jobs in it
+    that the shard loop may look up ahead of their first claim."""
+
+    #: ZSET entries read (fewer than the call's limit: the range is done).
+    read: int
+    #: The run-at of the last entry read (-1 when none), and how many of those read had it:
+    #: the cursor of the next call, through a run of equal run-ats.
+    last_run_at_ms: int
+    last_run_at_count: int
+    #: (job_id, tenant, request_id) of each job never claimed and not looked up yet.
+    jobs: list[tuple[str, str, str]]
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[Any]) -> PrecheckPage:
+        rest = reply[3:]
+        jobs = [
+            (rest[i].decode(), rest[i + 1].decode(), rest[i + 2].decode())
+            for i in range(0, len(rest), 3)
+        ]
+        return cls(int(reply[0]), int(reply[1]), int(reply[2]), jobs)
 
 
 #: ``claim.lua``'s reply per job, in order: the fields of :class:`ClaimedJob`.

@@ -43,6 +43,8 @@ SCRIPT_NAMES = (
     "resume",
     "upgrade_layout",
     "rows_written",
+    "precheck",
+    "prechecked",
 )
 
 

@@ -103,6 +103,8 @@ class Running:
     #: Set by the heartbeat thread: STALE_LEASE (lost) or CANCEL_REQUESTED.
     lost: ItemCode | None = None
     releasing: bool = False
+    #: Started before the row lookup (``ClaimedJob.checked``), which then found its row.
+    duplicate: bool = False
     #: The handler's last progress report (``ctx.progress``), for the result row.
     progress: JobProgress | None = None
 
@@ -359,10 +361,24 @@ class Worker:
         return runs
 
     async def _start_jobs(self, runs: list[Running]) -> None:
+        # A first claim of a job the shard loop looked up ahead of its run-at starts at once:
+        # nothing can have recorded it since (claim.lua's 'checked'). The others wait for
+        # the lookup: a re-delivery may find the row its last run committed.
+        for run in runs:
+            if run.job.checked:
+                run.task = _spawn(self._execute(run), f"shardq-job-{run.job.job_id}")
         keys = [(r.job.tenant, r.job.request_id) for r in runs]
         done = await self._retry_db(lambda: self.results.already_done(keys))
         for run in runs:
-            if (run.job.tenant, run.job.request_id) in done:
+            found = (run.job.tenant, run.job.request_id) in done
+            if run.job.checked:
+                # Looked up all the same, alongside: a Redis that lost acknowledged writes
+                # (a failover without replica acks) can lose a claim whose run committed its
+                # row, and hand the job out again as never claimed. Its run stops here.
+                if found and run.task is not None and not run.task.done():
+                    run.duplicate = True
+                    run.task.cancel()
+            elif found:
                 # Re-delivered after its row was committed: ack without running it again.
                 self._outcomes.put_nowait(Outcome(run, "duplicate"))
             else:
@@ -644,7 +660,9 @@ def _attrs(job: ClaimedJob) -> dict[str, Any]:
 
 
 def _interrupted(run: Running) -> str:
-    """Why a handler was cancelled: shutdown, a cancel of the job, or a lost lease."""
+    """Why a handler was cancelled: its row turned up, shutdown, a cancel, or a lost lease."""
+    if run.duplicate:
+        return "duplicate"
     if run.releasing:
         return "release"
     return "cancelled" if run.lost is ItemCode.CANCEL_REQUESTED else "lost"

@@ -23,7 +23,7 @@
 -- Each claimed job's hash gets 's' = 'active', 'f' = its new fence, 'sa' = now_ms, 'at' + 1,
 -- and loses 'xw'/'xu'; its tenant's 'ready' and 'active' gauges move (once per tenant per
 -- call). A tenant whose active jobs reach its max_active joins 'parked'.
--- Returns  a flat list, 15 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
+-- Returns  a flat list, 16 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
 --          entry j of job k = 0, 1, ... is reply[k*15+j]; "<- 'x'" names the hash field read
 --   j=1   job_id           (string)          the hash's key {prefix}:job:{job_id}
 --   j=2   fence            (int)             <- 'f' (the token this claim took)
@@ -40,6 +40,9 @@
 --   j=13  queue            (string)          <- 'q' (the queue it was claimed from)
 --   j=14  started_at_ms    (int, unix ms)    <- 'sa' (now: this claim's start)
 --   j=15  trace_context    (string)          <- 'tc' ('' when the submitter sent none)
+--   j=16  checked          ('1' or '0')      '1': a first claim ('f' was 0) of a job the shard
+--                                            loop found no final row for ('ck', precheck.lua):
+--                                            the worker starts it without looking again
 -- When the batch filled up (or the skip cap was hit) and work remains in a queue, one wake-up
 -- token is left on that queue's wake list for another worker.
 local now, lease_ms = shard_now(ARGV[1]), tonumber(ARGV[2])
@@ -141,6 +144,8 @@ local function take(q, t, i, id, j)
   local job = k_job(id)
   fence = (fence or tonumber(redis.call('GET', KEYS[2]) or '0')) + 1
   local attempts = (tonumber(j[12]) or 0) + 1
+  -- Read before this claim sets 'f': a job never claimed before has 'f' = 0 (enqueue.lua).
+  local checked = (j[15] == '1' and tonumber(j[14] or '0') == 0) and '1' or '0'
   redis.call('HSET', job, 's', 'active', 'f', string.format('%d', fence), 'w', worker, 'sa', now,
     'at', attempts)
   if j[2] then redis.call('HDEL', job, 'xw', 'xu') end
@@ -155,7 +160,7 @@ local function take(q, t, i, id, j)
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, fence, t, j[4]
   out[n + 5], out[n + 6], out[n + 7], out[n + 8] = j[5], j[6], j[7], j[8]
   out[n + 9], out[n + 10], out[n + 11], out[n + 12] = j[9], attempts, j[10], j[11]
-  out[n + 13], out[n + 14], out[n + 15] = q, now, j[13] or ''
+  out[n + 13], out[n + 14], out[n + 15], out[n + 16] = q, now, j[13] or '', checked
   claimed = claimed + 1
 end
 
@@ -198,7 +203,7 @@ local function claim_from(q)
           end
         end
         local j = redis.call('HMGET', k_job(id), 's', 'xw', 'xu', 'r', 'h', 'p', 'pr', 'ra', 'ca',
-          'ma', 'to', 'at', 'tc')
+          'ma', 'to', 'at', 'tc', 'f', 'ck')
         if j[1] == 'ready' and j[2] == worker and (tonumber(j[3]) or 0) > now then
           -- Handed back by this worker, which lacks its handler: to the tail, for another.
           if redis.call('RPUSH', rkey, id) == 1 then

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from tests.support import handlers
 from tests.support.cli import Shardq, cluster_of_its_own, one_error_line
 from tests.support.cluster import Cluster
-from tests.support.workers import running_worker
+from tests.support.workers import running_worker, shard_loops
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -38,14 +39,17 @@ def shardq(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> Shardq:
 
 
 async def submit(
-    cluster: Cluster, tenant: str, request_id: str, payload: Any
+    cluster: Cluster, tenant: str, request_id: str, payload: Any, run_at_unix_ms: int = 0
 ) -> jobs_pb2.SubmitJobResponse:
     """SubmitJob on the wire (the client's own retries aside), with the tenant's token."""
     token = await cluster.token_for(tenant)
     async with grpc.aio.insecure_channel(cluster.target) as channel:
         stub = jobs_pb2_grpc.JobServiceStub(channel)
         spec = common_pb2.JobSpec(
-            request_id=request_id, handler="test.work", payload=json.dumps(payload).encode()
+            request_id=request_id,
+            handler="test.work",
+            payload=json.dumps(payload).encode(),
+            run_at_unix_ms=run_at_unix_ms,
         )
         resp: jobs_pb2.SubmitJobResponse = await stub.SubmitJob(
             jobs_pb2.SubmitJobRequest(job=spec), metadata=[("authorization", f"Bearer {token}")]
@@ -127,29 +131,48 @@ async def test_a_window_outside_its_bounds_is_refused_naming_the_field(
 async def test_a_resubmit_after_the_window_is_a_new_job_that_the_result_row_keeps_from_running(
     cluster: Cluster, shardq: Shardq
 ) -> None:
-    tenant, rid = "edge", "order-42"
+    """Resubmitted at once (its worker looks the row up before it runs) and delayed (the shard
+    loop looks it up ahead of its run-at, and leaves it unmarked: the worker looks again)."""
+    tenant, rid, later = "edge", "order-42", "order-43"
     run = await shardq("tenants", "set", tenant, "--dedupe-window", str(MIN_DEDUPE_WINDOW_S))
     assert run.code == 0, run.err
-    async with running_worker(cluster, handlers=["test.work"]):
+    async with shard_loops(cluster) as loops, running_worker(cluster, handlers=["test.work"]):
         first = await submit(cluster, tenant, rid, {"n": 1})
+        first_later = await submit(cluster, tenant, later, {"n": 2})
         assert not first.deduplicated
         done = await wait_for_state(
             cluster, tenant, first.job.job_id, common_pb2.JOB_STATE_SUCCEEDED
         )
+        done_later = await wait_for_state(
+            cluster, tenant, first_later.job.job_id, common_pb2.JOB_STATE_SUCCEEDED
+        )
         inside = await submit(cluster, tenant, rid, {"n": 1})
         assert inside.deduplicated and inside.job.job_id == first.job.job_id
 
-        # Past the window: the shard's Redis has let the key go.
+        # Past the window: the shard's Redis has let the keys go.
         async with asyncio.timeout(MIN_DEDUPE_WINDOW_S + 90):
-            while await dedupe_ttl_ms(cluster, tenant, rid) != -2:
-                await asyncio.sleep(0.2)
+            for r in (rid, later):
+                while await dedupe_ttl_ms(cluster, tenant, r) != -2:
+                    await asyncio.sleep(0.2)
         after = await submit(cluster, tenant, rid, {"n": 1})
         assert not after.deduplicated
         assert after.job.job_id != first.job.job_id
+        run_at = int(time.time() * 1000) + 2_500  # past the walk's reach
+        after_later = await submit(cluster, tenant, later, {"n": 2}, run_at_unix_ms=run_at)
+        assert not after_later.deduplicated
 
         second = await wait_for_state(
             cluster, tenant, after.job.job_id, common_pb2.JOB_STATE_SUCCEEDED
         )
-    # The second job was acked without its handler: the first job's row answered for it.
+        second_later = await wait_for_state(
+            cluster, tenant, after_later.job.job_id, common_pb2.JOB_STATE_SUCCEEDED
+        )
+        pre = loops[cluster.coordinator.shard_map.shard_for(tenant)].precheck
+        assert pre is not None
+        looked_up = pre.metrics.jobs.labels(shard=pre.metrics.shard_id, result="done")
+        assert looked_up._value.get() == 1  # the delayed one: found done, left unmarked
+    # The second jobs were acked without their handler: the first jobs' rows answered for them.
     assert handlers.EXECUTIONS[rid] == 1
+    assert handlers.EXECUTIONS[later] == 1
     assert json.loads(second.result) == json.loads(done.result)
+    assert json.loads(second_later.result) == json.loads(done_later.result)

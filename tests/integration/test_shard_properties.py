@@ -204,6 +204,13 @@ class _OneCallPerScript:
         results = await self.shard.enqueue([job("J1"), job("J2"), job("J3", delay_ms=10)])
         assert [r.code for r in results] == [ItemCode.OK] * 3
 
+    async def precheck(self) -> None:  # J3, delayed, never claimed
+        page = await self.shard.precheck_page(0, 0, 2**53, 10)
+        assert [j for j, _, _ in page.jobs] == ["J3"]
+
+    async def prechecked(self) -> None:
+        assert await self.shard.mark_prechecked(["J3"]) == 1
+
     async def claim(self) -> None:
         self.claimed = await self.shard.claim("w1", 3, LEASE)
         assert [c.job_id for c in self.claimed] == ["J1", "J2"]
@@ -305,8 +312,9 @@ class _OneCallPerScript:
 
 
 ORDER = [
-    "enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "promote", "cancel", "reap",
-    "release", "schedule_upsert", "schedule_advance", "schedule_delete", "leader", "leader_release",
+    "enqueue", "precheck", "prechecked", "claim", "heartbeat", "ack", "fail", "requeue",
+    "promote", "cancel", "reap", "release", "schedule_upsert", "schedule_advance",
+    "schedule_delete", "leader", "leader_release",
     "map_fence", "move_schedules_out", "move_in", "move_out", "move_drop", "move_finish",
     "move_counters", "set_limits", "pause", "resume", "upgrade_layout", "rows_written",
 ]  # fmt: skip

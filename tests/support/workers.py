@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from shardq.shard import ShardClient, ShardSettings
 from shardq.shard.loop import LoopSettings, ShardLoop
+from shardq.shard.precheck import Prechecker, PrecheckSettings
 from shardq.shard.rows import RowSettings, TerminalRows
 from shardq.store.db import make_engine, psycopg_dsn, results
 from shardq.store.results import ResultStore
@@ -24,20 +25,31 @@ from tests.support.cluster import Cluster
 FAST_LOOP = LoopSettings(leader_ttl_ms=2_000, reap_interval_ms=100)
 #: The rows of ended jobs drained every 50 ms, a reconciler pass every 200 ms.
 FAST_ROWS = RowSettings(outbox_interval_ms=50, reconcile_interval_s=0.2)
+#: Delayed jobs looked up every 50 ms, as far ahead as shardq-shard's default.
+FAST_PRECHECK = PrecheckSettings(interval_ms=50)
 
 
 @asynccontextmanager
 async def shard_loops(
-    cluster: Cluster, settings: LoopSettings = FAST_LOOP, rows: RowSettings = FAST_ROWS
+    cluster: Cluster,
+    settings: LoopSettings = FAST_LOOP,
+    rows: RowSettings = FAST_ROWS,
+    precheck: PrecheckSettings = FAST_PRECHECK,
 ) -> AsyncIterator[list[ShardLoop]]:
-    """The shard loops of the cluster's shards, writing the rows of ended jobs."""
+    """The shard loops of the cluster's shards, writing the rows of ended jobs and looking
+    delayed jobs up ahead of their run-at, as ``shardq-shard`` with a database does."""
     clients, loops, tasks, stores = [], [], [], []
     for shard_id, proc in enumerate(cluster.shards):
         redis = Redis(port=proc.port)
         client = ShardClient(redis, cluster.settings.shard)
         store = ResultStore(psycopg_dsn(cluster.database_url))
         stores.append(store)
-        loop = ShardLoop(client, settings, rows=TerminalRows(client, store, shard_id, rows))
+        loop = ShardLoop(
+            client,
+            settings,
+            rows=TerminalRows(client, store, shard_id, rows),
+            precheck=Prechecker(client, store, precheck),
+        )
         clients.append(client)
         loops.append(loop)
         tasks.append(asyncio.create_task(loop.run()))

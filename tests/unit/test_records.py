@@ -258,7 +258,7 @@ def claim_reply(*jobs: ClaimedJob) -> list[Any]:
             j.handler.encode(), j.payload, str(j.priority).encode(), str(j.run_at_ms).encode(),
             str(j.created_at_ms).encode(), j.attempt, str(j.max_attempts).encode(),
             str(j.timeout_ms).encode(), j.queue.encode(), j.started_at_ms,
-            j.trace_context.encode(),
+            j.trace_context.encode(), b"1" if j.checked else b"0",
         ]  # fmt: skip
     return flat
 
@@ -269,6 +269,7 @@ def claimed(n: int) -> ClaimedJob:
         payload=b'{"n": %d}' % n, priority=n, run_at_ms=1_000 + n, created_at_ms=900 + n,
         attempt=1 + n, max_attempts=5 + n, timeout_ms=9_000 + n, queue=f"q{n}",
         started_at_ms=1_100 + n, trace_context=f"00-{n:032x}-{n:016x}-01" if n % 2 else "",
+        checked=n % 2 == 0,
     )  # fmt: skip
 
 
@@ -281,7 +282,7 @@ def test_a_claim_reply_of_several_jobs_reads_into_one_record_each() -> None:
 
 
 def test_a_claim_reply_cut_short_is_refused() -> None:
-    with pytest.raises(ValueError, match="15 per job"):
+    with pytest.raises(ValueError, match="16 per job"):
         ClaimedJob.from_reply([b"J1", 1])
 
 
@@ -292,8 +293,8 @@ def test_claim_lua_answers_the_fields_in_the_order_from_reply_reads_them() -> No
     for _, name, field in entries:
         expected = hash_field(name)
         assert field == (expected.value if expected else None), name
-    assert "out[n + 13], out[n + 14], out[n + 15] =" in lua("claim")
-    assert "out[n + 16]" not in lua("claim")
+    assert "out[n + 13], out[n + 14], out[n + 15], out[n + 16] =" in lua("claim")
+    assert "out[n + 17]" not in lua("claim")
 
 
 def test_a_fail_reply_reads_its_state() -> None:

@@ -1,0 +1,179 @@
+"""Delayed jobs looked up ahead of their run-at (``shard/precheck.py``): the leading shard loop
+marks the never-claimed ones without a final row, and a worker starts such a job on its first
+claim without a lookup of its own — yet still never lets a job with a final row finish again.
+
+Real Redis (a fake clock), real Postgres; the walk is driven a pass at a time, the worker is a
+real one in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from redis.asyncio import Redis
+
+from shardq.shard import Failure, FakeClock, NewJob, ShardClient
+from shardq.shard.keys import Keys
+from shardq.shard.precheck import Prechecker, PrecheckSettings
+from shardq.store.db import psycopg_dsn
+from shardq.store.migrate import upgrade
+from shardq.store.results import ResultRow, ResultStore
+from tests.support import handlers
+from tests.support.cluster import Cluster, running_cluster
+from tests.support.shard import LEASE, NOW, job
+from tests.support.workers import result_rows, running_worker
+
+AHEAD = PrecheckSettings().ahead_ms
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[ResultStore]:
+    await asyncio.to_thread(upgrade, database_url)
+    s = ResultStore(psycopg_dsn(database_url))
+    yield s
+    await s.close()
+
+
+def row(tenant: str, request_id: str, status: str = "succeeded") -> ResultRow:
+    return ResultRow(
+        tenant_id=tenant, request_id=request_id, job_id="EARLIER", shard_id=0, handler="h",
+        status=status, attempts=1, fence=1, worker_id="w0", queued_ms=1, started_ms=2,
+        finished_ms=3, result={"by": "the earlier job"},
+    )  # fmt: skip
+
+
+async def marked(redis: Redis, settings_prefix: str, *jids: str) -> dict[str, bool]:
+    keys = Keys(settings_prefix)
+    return {j: await redis.hget(keys.job(j), "ck") == b"1" for j in jids}
+
+
+def count(pre: Prechecker, result: str) -> float:
+    return pre.metrics.jobs.labels(shard=pre.metrics.shard_id, result=result)._value.get()
+
+
+# --- the walk -------------------------------------------------------------------------------
+
+
+async def test_a_walk_marks_the_delayed_jobs_due_soon_that_no_final_row_answers_for(
+    shard: ShardClient, redis: Redis, store: ResultStore
+) -> None:
+    await store.write([row("acme", "rDONE"), row("acme", "rDEAD", "dead")])
+    await shard.enqueue(
+        [
+            job("SOON", delay_ms=AHEAD // 2),
+            job("DONE", delay_ms=AHEAD // 2),  # a resubmit after the window: its row exists
+            job("DEAD", delay_ms=AHEAD // 2),  # a dead row is replaced by a later run
+            job("LATER", delay_ms=AHEAD * 3),  # out of reach this pass
+            job("NOW"),  # ready already: its worker looks it up
+        ]
+    )
+    pre = Prechecker(shard, store)
+    await pre.walk()
+    prefix = shard.settings.key_prefix
+    assert await marked(redis, prefix, "SOON", "DONE", "DEAD", "LATER", "NOW") == {
+        "SOON": True, "DONE": False, "DEAD": True, "LATER": False, "NOW": False,
+    }  # fmt: skip
+    assert (count(pre, "clean"), count(pre, "done")) == (2, 1)
+    # The next pass reads on from where this one stopped: nothing is looked up twice.
+    await pre.walk()
+    assert (count(pre, "clean"), count(pre, "done")) == (2, 1)
+
+
+async def test_a_walk_goes_through_more_equal_run_ats_than_one_call_reads(
+    shard: ShardClient, redis: Redis, store: ResultStore
+) -> None:
+    jids = [f"J{i}" for i in range(11)]
+    await shard.enqueue([job(j, run_at_ms=NOW + 500) for j in jids])
+    await shard.enqueue([job("K", run_at_ms=NOW + 501)])
+    pre = Prechecker(shard, store, PrecheckSettings(batch=3))
+    await pre.walk()
+    assert all((await marked(redis, shard.settings.key_prefix, *jids, "K")).values())
+    assert count(pre, "clean") == 12
+
+
+async def test_a_job_claimed_once_is_neither_listed_nor_marked_and_its_next_claim_looks_up(
+    shard: ShardClient, redis: Redis, clock: FakeClock, store: ResultStore
+) -> None:
+    await shard.enqueue([job("J1", delay_ms=100)])
+    await Prechecker(shard, store).walk()
+    clock.advance(100)
+    await shard.promote()
+    (first,) = await shard.claim("w1", 1, LEASE)
+    assert first.checked  # never claimed, looked up ahead: the worker starts it at once
+    # It fails and waits for its retry: scheduled again, but its run may have written a row.
+    await shard.fail([Failure("J1", first.fence, 1, "boom", retry_at_ms=NOW + 1_000)])
+    page = await shard.precheck_page(NOW, 0, NOW + AHEAD)
+    assert page.read == 1 and page.jobs == []
+    assert await shard.mark_prechecked(["J1"]) == 0
+    clock.advance(1_000)
+    await shard.promote()
+    (second,) = await shard.claim("w1", 1, LEASE)
+    assert (second.attempt, second.checked) == (2, False)
+
+
+async def test_an_unmarked_job_is_claimed_unchecked(shard: ShardClient) -> None:
+    await shard.enqueue([job("J1")])
+    (claimed,) = await shard.claim("w1", 1, LEASE)
+    assert not claimed.checked
+
+
+async def test_a_failing_database_leaves_jobs_unmarked_and_the_next_pass_marks_them(
+    shard: ShardClient, redis: Redis, store: ResultStore
+) -> None:
+    await shard.enqueue([job("J1", delay_ms=500)])
+    down = ResultStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            await Prechecker(shard, down).walk()
+    finally:
+        await down.close()
+    pre = Prechecker(shard, store)
+    assert not (await marked(redis, shard.settings.key_prefix, "J1"))["J1"]
+    await pre.walk()
+    assert (await marked(redis, shard.settings.key_prefix, "J1"))["J1"]
+
+
+# --- the worker -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def cluster(database_url: str) -> AsyncIterator[Cluster]:
+    async with running_cluster(database_url, shard_count=1) as c:
+        yield c
+
+
+@pytest.mark.timeout(120)
+async def test_a_marked_job_whose_row_turns_up_is_stopped_and_acked_without_a_second_row(
+    cluster: Cluster,
+) -> None:
+    """A Redis that lost acknowledged writes (a failover without replica acks) can lose the
+    claim of a run that committed its row, and hand the job out again as never claimed and
+    looked up. The worker starts it at once, finds the row alongside, and stops the run."""
+    tenant, rid = "acme", "lost-claim"
+    store = ResultStore(psycopg_dsn(cluster.database_url))
+    try:
+        await store.write([row(tenant, rid)])
+    finally:
+        await store.close()
+    redis = Redis(port=cluster.shards[0].port)
+    try:
+        client = ShardClient(redis, cluster.settings.shard)
+        payload = json.dumps({"n": 2, "ms": 60_000}).encode()
+        new = NewJob(tenant=tenant, handler="test.work", payload=payload, request_id=rid)
+        (res,) = await client.enqueue([new])
+        assert await client.mark_prechecked([res.job_id]) == 1
+        handlers.EXECUTIONS[rid] = 0
+        async with running_worker(cluster, handlers=["test.work"]):
+            # Acked long before the handler's minute is up: its run was stopped.
+            async with asyncio.timeout(45):
+                while (await client.get_job(tenant, res.job_id)).state != "succeeded":
+                    await asyncio.sleep(0.05)
+        assert handlers.EXECUTIONS[rid] == 1  # it did start without a lookup first
+        (found,) = await result_rows(cluster.database_url)
+        assert (found["job_id"], found["result"]) == ("EARLIER", {"by": "the earlier job"})
+    finally:
+        await redis.aclose()
