@@ -3,7 +3,8 @@ scripts the pods start with, run against real redis-server and redis-sentinel pr
 
 - a shard's replicas are kept off the host of its primary pod and of each other;
 - sentinels that all restart at once take the shard's primary from its Redis (a promoted
-  replica), not from the pod that was primary first;
+  replica), not from the pod that was primary first, and so does a shard Redis restarted
+  while no sentinel answers;
 - no command line carries the Redis password (``ps`` shows every argv on the node).
 """
 
@@ -168,6 +169,8 @@ def test_a_shard_redis_started_by_the_chart_requires_the_password_it_never_shows
         # Sentinel mode: no sentinel answers, and this pod is the shard's first primary.
         "SENTINELS": f"127.0.0.1:{free_port()}",
         "SHARD_MASTER": "m",
+        "SHARD_INDEX": "0",
+        "SHARD_REDIS_HOSTS": f"127.0.0.1:{free_port()}",  # nor any other Redis of the shard
         "INITIAL_PRIMARY": "",
         "POD_FQDN": "self",
         "REDIS_PORT": str(port),
@@ -244,4 +247,51 @@ def test_sentinels_restarted_together_find_the_promoted_replica_not_the_first_po
         r_promoted.close()
     finally:
         for p in (other, promoted, first):
+            p.cleanup()
+
+
+def test_a_shard_redis_restarted_while_no_sentinel_answers_follows_the_promoted_replica(
+    render: Render, tmp_path: Path, redis_bin: Path
+) -> None:
+    """Shard 0 failed over (a replica promoted), then the first replica pod restarted while
+    every sentinel was away: the chart's start-redis.sh finds the promoted replica among the
+    shard's Redis and follows it, not pod i (which would be the INITIAL_PRIMARY it names)."""
+    r = render("sentinel")
+    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
+    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
+    promoted, other = RedisProcess().start(), RedisProcess().start()
+    try:
+        for proc in (promoted, other):
+            with redis.Redis(port=proc.port) as r_proc:
+                r_proc.config_set("requirepass", "pw")
+        # The failover the sentinels did before they went away: the other replica follows.
+        with redis.Redis(port=other.port, password="pw") as r_other:
+            r_other.config_set("masterauth", "pw")
+            r_other.replicaof("127.0.0.1", promoted.port)
+        port = free_port()
+        env = {
+            "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
+            "TMPDIR": str(tmp_path),
+            "REDIS_PASSWORD": "pw",
+            "REDISCLI_AUTH": "pw",
+            "SENTINELS": f"127.0.0.1:{free_port()}",  # none answers: all away
+            "SHARD_MASTER": "s-0",
+            "SHARD_INDEX": "0",
+            # pod i (down), the promoted replica, the other replica; this pod is not up yet.
+            "SHARD_REDIS_HOSTS": f"127.0.0.1:{free_port()},127.0.0.1:{promoted.port},"
+            f"127.0.0.1:{other.port}",
+            "INITIAL_PRIMARY": "pod-0.invalid",
+            "POD_FQDN": "replica-0.invalid",
+            "REDIS_PORT": str(port),
+        }
+        with _started(_redis_command(c, tmp_path, port), env) as proc:
+            client = _answering(port, "pw", proc)
+            try:
+                info = client.info("replication")
+                assert (info["role"], info["master_port"]) == ("slave", promoted.port)
+            finally:
+                client.close()
+    finally:
+        for p in (other, promoted):
             p.cleanup()

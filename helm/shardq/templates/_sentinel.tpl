@@ -60,6 +60,8 @@ env:
     value: {{ include "shardq.sentinel.group" $ | quote }}
   - name: INITIAL_PRIMARY
     value: {{ .initialPrimary | quote }}
+  - name: SHARD_REDIS_HOSTS
+    value: {{ include "shardq.sentinel.redisHosts" $ | quote }}
   - name: REDIS_PORT
     value: {{ $r.port | quote }}
   - name: REDIS_PASSWORD
@@ -145,6 +147,27 @@ printf 'include /redis-users/users.conf\n' >> "$REDIS_AUTH_CONF"
 sentinel://{{ include "shardq.sentinel.group" . }}/{{ include "shardq.shard.fullname" . }}-$(SHARDQ_SHARD_ID)
 {{- end -}}
 
+
+{{/* discover N: shard N's primary among its Redis (SHARD_REDIS_HOSTS, below), as host:port
+(empty when none answers as one): the one with the most replicas attached, then the furthest
+replication offset. Shared by start-sentinel.sh and start-redis.sh. */}}
+{{- define "shardq.sentinel.discoverFn" -}}
+discover() {
+  best="" most=-1 furthest=-1
+  for h in $(echo "$SHARD_REDIS_HOSTS" | cut -d ';' -f "$(($1 + 1))" | tr ',' ' '); do
+    info=$(redis-cli -h "${h%:*}" -p "${h##*:}" --no-auth-warning INFO replication \
+      2>/dev/null | tr -d '\r') || continue
+    case "$info" in *role:master*) ;; *) continue ;; esac
+    n=$(echo "$info" | sed -n 's/^connected_slaves://p')
+    off=$(echo "$info" | sed -n 's/^master_repl_offset://p')
+    n=${n:-0} off=${off:-0}
+    if [ "$n" -gt "$most" ] || { [ "$n" -eq "$most" ] && [ "$off" -gt "$furthest" ]; }; then
+      best="$h" most="$n" furthest="$off"
+    fi
+  done
+  echo "$best"
+}
+{{- end -}}
 
 {{/* Every shard's Redis as host:port, pod i of the shard StatefulSet first, then its replicas:
 ','-separated, shards ';'-separated (start-sentinel.sh's SHARD_REDIS_HOSTS). */}}
