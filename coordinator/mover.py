@@ -323,7 +323,10 @@ class Mover:
             await self._copy_taken(src, dst, report)  # what a killed run left half-way
             while True:
                 await self._guard()  # each batch set aside: only while the lease is held
-                size, started_at = self._takes.size, time.perf_counter()
+                # No more than one copy takes: a job set aside (where nothing runs it) waits
+                # for that copy only, not for the copies of others taken with it.
+                size = min(self._takes.size, self._copies.size)
+                started_at = time.perf_counter()
                 taken = await src.take(size)
                 self._takes.record(size, time.perf_counter() - started_at)
                 if not taken:
@@ -394,7 +397,8 @@ class Mover:
         return jobs
 
     async def _copy_taken(self, src: ShardSide, dst: ShardSide, report: MoveReport) -> None:
-        ids = await src.taken()
+        """Copy the set-aside jobs to the target, due soonest first, then drop them here."""
+        ids = await src.taken_by_due()
         at = 0
         while at < len(ids):
             chunk = self._chunk(ids, at)

@@ -91,6 +91,19 @@ class ShardSide:
     async def taken(self) -> list[str]:
         return sorted(m.decode() for m in await self._r.smembers(self.keys.moving(self.tenant)))
 
+    async def taken_by_due(self) -> list[str]:
+        """The set-aside jobs due soonest first (by run-at, then job ID): ready ones, and
+        scheduled ones that came due while set aside, before those due later. A mover copies
+        them in this order, so a copy that has to wait for others is one not yet due."""
+        ids = await self.taken()
+        if not ids:
+            return ids
+        pipe = self._r.pipeline(transaction=False)
+        for jid in ids:
+            pipe.hget(self.keys.job(jid), JobField.RUN_AT_MS.value)
+        run_at = [int(ra) if ra else 0 for ra in await pipe.execute()]
+        return [jid for _, jid in sorted(zip(run_at, ids, strict=True))]
+
     async def read_jobs(self, job_ids: Sequence[str]) -> list[JobCopy]:
         """The hashes (and TTLs) of ``job_ids`` that still exist here."""
         pipe = self._r.pipeline(transaction=False)
@@ -214,8 +227,9 @@ class ShardSide:
         dedupe: Sequence[DedupeCopy] = (),
         schedules: Sequence[ScheduleCopy] = (),
     ) -> tuple[int, int, int]:
-        """Add copies here, each as it was; what is already here is skipped."""
-        now = self.shard.clock.now_ms()
+        """Add copies here, each as it was (a scheduled job already due by this shard's clock
+        arrives ready); what is already here is skipped."""
+        now = self.shard._now_arg()
         args: list[Any] = [self.tenant, now, len(jobs), len(dedupe), len(schedules)]
         for j in jobs:
             args += [j.job_id, j.pttl_ms, len(j.fields) // 2, *j.fields]

@@ -1,6 +1,9 @@
 -- Add a moving tenant's jobs, dedupe keys and recurring schedules to this (target) shard, each
 -- exactly as it was on the source: state, queue, priority, run-at, attempts and fencing
--- token (a ready job joins its tenant's list, priorities and ring of its queue). A job
+-- token (a ready job joins its tenant's list, priorities and ring of its queue). A scheduled
+-- job whose run-at has come (by the shard's clock, ARGV[2]) arrives ready, as the shard loop
+-- would have promoted it: a job due while the mover had it set aside starts without waiting
+-- for the loop. A later one joins the delayed ZSETs, the loop woken if it is the earliest. A job
 -- already here (or whose dedupe key says it was) is skipped, so a re-run mover adds nothing
 -- twice. The shard's fencing counter is raised past every imported token, so a later claim
 -- here always takes a higher one.
@@ -44,8 +47,14 @@ for _ = 1, n_jobs do
     local job = k_job(id)
     redis.call('HSET', job, unpack(ARGV, from, last))
     local state = f['s']
+    local run_at = tonumber(f['ra'] or '0') or 0
+    if state == 'scheduled' and run_at <= now then
+      -- Due already (it came due while the mover had it set aside): ready here at once, as
+      -- promote.lua would make it, rather than waiting for this shard's loop to wake.
+      redis.call('HSET', job, 's', 'ready')
+      state = 'ready'
+    end
     if state == 'scheduled' then
-      local run_at = tonumber(f['ra'])
       redis.call('ZADD', k_scheduled(), run_at, id)
       redis.call('ZADD', k_tscheduled(tenant), run_at, id)
       if soonest == nil or run_at < soonest then soonest = run_at end
