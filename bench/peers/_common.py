@@ -201,11 +201,15 @@ def serve(
     versions: dict[str, str],
     scenarios: dict[str, Scenario | str],
     needs: Sequence[str] = ("redis",),
+    described: dict[str, Any] | None = None,
 ) -> None:
     """Read one JSON request from stdin, answer with one JSON line on stdout.
 
     ``scenarios`` maps a scenario name to its function, or to a string saying why the
-    system does not support it; ``needs`` names the services ``run.py`` must start.
+    system does not support it; ``needs`` names the services ``run.py`` must start;
+    ``described`` adds to the ``describe`` answer (``tunings``: the settings the system can
+    be run with, by name — ``run.py`` makes one system of each it is asked for, and sends
+    the name as the request's ``tuning``).
     """
     request = json.loads(sys.stdin.read() or "{}")
     op = request.get("op", "run")
@@ -218,6 +222,7 @@ def serve(
                 name: ("supported" if callable(fn) else f"unsupported: {fn}")
                 for name, fn in scenarios.items()
             },
+            **(described or {}),
         }
     else:
         scenario = request["scenario"]

@@ -1,4 +1,5 @@
-"""dramatiq driver: `dramatiq` with 2 processes x 8 threads (its defaults on 2 cores)."""
+"""dramatiq driver: `dramatiq` with 2 processes x 8 threads (its defaults on 2 cores), or
+x 200 threads (tuned: as many jobs in flight per process as shardq's tuned worker)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,32 @@ import sys
 import time
 from collections.abc import Sequence
 from importlib.metadata import version
-from typing import Any, ClassVar
+from typing import Any
 
 from _common import bin_of
-from scenarios import serve_peer
+from scenarios import SHARED_PROCESSES, pick_tuning, serve_peer
 
+#: Both variants: one worker process per core (dramatiq's own default is the CPU count).
 PROCESSES = 2
-THREADS = 8
+TUNINGS: dict[str, dict[str, Any]] = {
+    "defaults": {"processes": PROCESSES, "threads": 8},
+    # Threads are dramatiq's jobs in flight per process, what shardq's --concurrency is.
+    "tuned": {
+        "processes": PROCESSES,
+        "threads": int(os.environ.get("BENCH_DRAMATIQ_THREADS", "200")),
+    },
+}
+NOTE = (
+    "--processes 2 in both variants (one per core); the tuned knob is --threads (jobs in "
+    "flight per process: 8 by default, 200 tuned, as shardq's --concurrency 200); dramatiq "
+    "prefetches twice its threads per process (dramatiq_queue_prefetch unset)"
+)
 
 
 class DramatiqPeer:
     name = "dramatiq"
     bulk_api = None  # group() enqueues message by message: no bulk enqueue
     delay_api = "send_with_options(delay=ms until run_at)"
-    concurrency: ClassVar[dict[str, Any]] = {
-        "processes": PROCESSES,
-        "how": f"1 x `dramatiq dramatiq_app --processes {PROCESSES} --threads {THREADS}` "
-        "(its defaults on 2 cores), RedisBroker, default middleware",
-    }
 
     def __init__(self, req: dict[str, Any]):
         self.url = req["redis_url"]
@@ -33,6 +42,20 @@ class DramatiqPeer:
 
         self.broker = dramatiq_app.broker
         self.noop = dramatiq_app.noop
+        _, self.knobs, self.tuning = pick_tuning(req, TUNINGS, NOTE)
+        processes, threads = self.knobs["processes"], self.knobs["threads"]
+        self.concurrency = {
+            "processes": processes,
+            "how": f"1 x `dramatiq dramatiq_app --processes {processes} --threads {threads}`, "
+            "RedisBroker, default middleware",
+        }
+        self.processes_all = [
+            {"process": "dramatiq (main)", "count": 1,
+             "role": "starts and watches the worker processes, collects their logs"},
+            {"process": "dramatiq worker process", "count": processes,
+             "role": f"a consumer thread (prefetching) and {threads} worker threads running jobs"},
+            *SHARED_PROCESSES,
+        ]  # fmt: skip
 
     def submit(self, number: int) -> None:
         self.noop.send(number)
@@ -50,9 +73,9 @@ class DramatiqPeer:
                 bin_of("dramatiq"),
                 "dramatiq_app",
                 "--processes",
-                str(PROCESSES),
+                str(self.knobs["processes"]),
                 "--threads",
-                str(THREADS),
+                str(self.knobs["threads"]),
             ]
         ]
 
@@ -72,4 +95,5 @@ if __name__ == "__main__":
             "redis-py": version("redis"),
             "python": sys.version.split()[0],
         },
+        TUNINGS,
     )

@@ -1,4 +1,5 @@
-"""rq driver: `rq worker` processes (the default forking Worker), its scheduler for delays."""
+"""rq driver: 2 `rq worker` processes (SimpleWorker: jobs run in the worker process), its
+scheduler for delays. One variant: rq has no concurrency or prefetch knob to tune."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import rq_app
 from _common import bin_of
 from redis import Redis
 from rq import Queue
-from scenarios import serve_peer
+from scenarios import SHARED_PROCESSES, serve_peer
 
 WORKERS = 2
 QUEUE = "bench"
 # SimpleWorker runs jobs in the worker process; the default Worker forks a work horse per job
 # and drained ~5x slower in a trial run here. BENCH_RQ_WORKER_CLASS=rq.Worker measures that one.
 WORKER_CLASS = os.environ.get("BENCH_RQ_WORKER_CLASS", "rq.worker.SimpleWorker")
+FORKS = WORKER_CLASS != "rq.worker.SimpleWorker"
 
 
 class RqPeer:
@@ -31,6 +33,24 @@ class RqPeer:
         "how": f"{WORKERS} x `rq worker --with-scheduler --worker-class {WORKER_CLASS}`; "
         "one of them holds the scheduler lock; per-job log lines off",
     }
+    # Stated, not chosen: an rq worker process takes one job at a time (BLPOP one, run it),
+    # so the only way to more jobs in flight is more worker processes, which every system
+    # keeps at 2 (one per core). The worker class is the one setting that is not rq's default.
+    tuning: ClassVar[dict[str, Any]] = {
+        "variant": None,
+        "knobs": {"jobs_in_flight_per_process": 1, "worker_class": WORKER_CLASS},
+        "library_defaults": {"jobs_in_flight_per_process": 1, "worker_class": "rq.Worker"},
+        "note": "rq has no concurrency or prefetch knob: one job at a time per worker process "
+        "(2 processes, one per core, as every system), so it runs in one variant only. Not "
+        "rq's default: SimpleWorker runs the job in the worker process; the default rq.Worker "
+        "forks a work horse per job (~5x slower drain in a trial here)",
+    }
+    processes_all: ClassVar[list[dict[str, Any]]] = [
+        {"process": "rq worker", "count": WORKERS,
+         "role": "BLPOPs one job and runs it" + (" in a forked work horse" if FORKS else "")
+         + "; one of them also moves due delayed jobs (scheduler lock)"},
+        *SHARED_PROCESSES,
+    ]  # fmt: skip
 
     def __init__(self, req: dict[str, Any]):
         self.url = req["redis_url"]

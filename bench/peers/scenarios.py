@@ -27,11 +27,30 @@ from _common import (
 )
 
 WARMUP_BASE = 2_000_000_000
+DEFAULT_TUNING = "tuned"
+#: What shardq's tuning is, which each peer's ``tuned`` knobs are the equivalent of.
+SHARDQ_KNOBS = (
+    "shardq-worker --concurrency 200 (default 16): jobs in flight per worker process; a "
+    "claim takes up to 100 jobs (bounded by free slots), results are written and acked in "
+    "batches of up to 500"
+)
+#: The two processes every peer's run has besides its workers: the one Redis server all
+#: systems use (fresh per run), and this driver (the producer; it reads the start records).
+SHARED_PROCESSES: list[dict[str, Any]] = [
+    {"process": "redis-server", "count": 1, "role": "the broker: queues, messages, schedules"},
+    {"process": "bench driver", "count": 1,
+     "role": "the producer: submits every job; reads the start records (not a worker)"},
+]  # fmt: skip
 
 
 class Peer(Protocol):
     name: str
     concurrency: dict[str, Any]  # stated in every result: how the workers run
+    #: Stated in every result: the knobs the workers run with, next to the library's own
+    #: defaults (``variant``: the tuning asked for, or None for a peer without knobs).
+    tuning: dict[str, Any]
+    #: Every process of the run, the workers' children included (``SHARED_PROCESSES`` last).
+    processes_all: list[dict[str, Any]]
     bulk_api: str | None  # the bulk submit call, where the library has one
     delay_api: str
 
@@ -54,7 +73,35 @@ def _starts(req: dict[str, Any]) -> str:
 
 
 def _config(req: dict[str, Any], peer: Peer, **extra: Any) -> dict[str, Any]:
-    return {"params": req["params"], "concurrency": peer.concurrency, **extra}
+    return {
+        "params": req["params"],
+        "concurrency": peer.concurrency,
+        "tuning": peer.tuning,
+        "processes_all": peer.processes_all,
+        **extra,
+    }
+
+
+def pick_tuning(
+    req: dict[str, Any], tunings: dict[str, dict[str, Any]], defaults_note: str
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(variant, its knobs, the ``tuning`` statement) for the request's ``tuning``.
+
+    ``tunings`` has a ``defaults`` entry (the library's own settings) and a ``tuned`` one
+    (its equivalent of shardq's tuned worker); a request without ``tuning`` gets ``tuned``.
+    """
+    variant = req.get("tuning") or DEFAULT_TUNING
+    if variant not in tunings:
+        raise ValueError(f"unknown tuning {variant!r}; this peer has {sorted(tunings)}")
+    knobs = tunings[variant]
+    statement = {
+        "variant": variant,
+        "knobs": knobs,
+        "library_defaults": tunings["defaults"],
+        "tuned_is_equivalent_of": SHARDQ_KNOBS,
+        "note": defaults_note,
+    }
+    return variant, knobs, statement
 
 
 def _wait_all(req: dict[str, Any], workers: Workers, total: int, timeout: float) -> None:
@@ -267,9 +314,13 @@ SHARDQ_ONLY = {
 
 
 def serve_peer(
-    make_peer: Callable[[dict[str, Any]], Peer], name: str, versions: dict[str, str]
+    make_peer: Callable[[dict[str, Any]], Peer],
+    name: str,
+    versions: dict[str, str],
+    tunings: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Entry point of a peer driver: wire the adapter into the JSON protocol."""
+    """Entry point of a peer driver: wire the adapter into the JSON protocol. ``tunings``:
+    the peer's knobs by variant (``defaults``, ``tuned``); None for a peer without any."""
     from _common import serve  # noqa: PLC0415
 
     def bind(
@@ -286,4 +337,4 @@ def serve_peer(
 
     table: dict[str, Any] = {k: bind(v) for k, v in SCENARIOS.items()}
     table.update(SHARDQ_ONLY)
-    serve(name, versions, table)
+    serve(name, versions, table, described={"tunings": tunings or {}})
