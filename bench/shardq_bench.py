@@ -10,10 +10,12 @@ stderr (its tail is kept when the process fails). Exit status 0, or the run coun
 
 1. ``{"op": "describe"}`` → ``{"system": "shardq", "versions": {...}, "needs": ["redis",
    "postgres"], "scenarios": {name: "supported", ...}}``.
+   It also answers ``tunings`` (the worker settings of each variant, ``TUNINGS``) and
+   ``source`` (the directory shardq is imported from: ``run.py`` records its git commit).
 2. ``{"op": "run", "scenario": NAME, "params": {...}, "redis_url": ..., "redis_urls": [one
-   Redis server per shard], "postgres_url": ..., "workdir": ..., "repeat": K, "quick": bool}``
-   → ``{"system": "shardq", "scenario": NAME, "versions": {...}, "metrics": {...},
-   "config": {...}}``.
+   Redis server per shard], "postgres_url": ..., "workdir": ..., "repeat": K, "quick": bool,
+   "tuning": "tuned" | "defaults"}`` → ``{"system": "shardq", "scenario": NAME, "versions":
+   {...}, "metrics": {...}, "config": {...}}``. Without ``tuning``: ``tuned``.
 
 The cluster of one run
 ----------------------
@@ -21,7 +23,8 @@ Every run gets a database of its own (``CREATE DATABASE`` on ``postgres_url``, d
 end: the server is shared by all runs), and the cluster is built as an operator builds one:
 ``shardq migrate``, ``shardq shards init --address ...``, ``shardq tokens create``, then one
 ``shardq-shard`` loop per shard, one ``shardq-coordinator`` and (when the scenario runs jobs)
-``WORKERS`` × ``shardq-worker --handlers shardq_handlers``. Jobs are submitted through the
+``WORKERS`` × ``shardq-worker --handlers shardq_handlers`` (``--concurrency`` as the run's
+tuning says: shardq's default, 16, or the tuned 200). Jobs are submitted through the
 gRPC API (``shardq.AsyncClient``: ``SubmitJob`` / ``SubmitJobs``). A job counts
 as done when its result row is in Postgres: drain rates are measured to the moment the last
 row is seen (polled every ``ROW_POLL_S``), not to the last start.
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -88,11 +92,22 @@ from shardq.coordinator.tools.redis_server import free_port, parent_death_prefix
 from shardq.shard.client import ShardClient  # noqa: E402
 from shardq.shard.models import ClaimedJob, Lease, NewJob  # noqa: E402
 from shardq.v1 import common_pb2  # noqa: E402
+from shardq.worker.settings import WorkerSettings  # noqa: E402
 
 WORKERS = 2
-#: Handlers each worker runs at once: at least one claim batch (100), so a claim is never
-#: cut short by free slots while the worker is busy. BENCH_SHARDQ_CONCURRENCY overrides it.
+#: shardq-worker's own defaults, read from its settings so they cannot drift from them.
+WORKER_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(WorkerSettings)}
+#: Tuned: the handlers each worker runs at once, at least one claim batch (100) so a claim is
+#: never cut short by free slots while the worker is busy. BENCH_SHARDQ_CONCURRENCY overrides.
 CONCURRENCY = int(os.environ.get("BENCH_SHARDQ_CONCURRENCY", "200"))
+#: The worker settings of each variant ``run.py`` can ask for (the request's ``tuning``).
+#: Only --concurrency differs: the claim and record batches are not flags, their defaults
+#: hold in both, but a claim also stops at the free slots, so at 16 a claim takes <= 16.
+TUNINGS: dict[str, dict[str, Any]] = {
+    "defaults": {"concurrency": WORKER_DEFAULTS["concurrency"]},
+    "tuned": {"concurrency": CONCURRENCY},
+}
+DEFAULT_TUNING = "tuned"  # a request without ``tuning`` (bench/move_lateness.py, ...)
 NOOP = "bench.noop"
 ROW_POLL_S = 0.01
 WARMUP_BASE = 2_000_000_000
@@ -115,11 +130,72 @@ def _versions() -> dict[str, str]:
     }
 
 
-CONCURRENCY_TEXT = (
-    f"{WORKERS} x `shardq-worker --handlers shardq_handlers --concurrency {CONCURRENCY}` "
-    "(asyncio; claim batches of up to 100, result rows written and acked in batches of up "
-    "to 500), 1 x `shardq-coordinator`, 1 x `shardq-shard` loop per shard; log level WARNING"
-)
+def tuning_of(req: dict[str, Any]) -> str:
+    name = req.get("tuning") or DEFAULT_TUNING
+    if name not in TUNINGS:
+        raise ValueError(f"unknown tuning {name!r}; shardq has {sorted(TUNINGS)}")
+    return str(name)
+
+
+def concurrency_of(req: dict[str, Any]) -> int:
+    return int(TUNINGS[tuning_of(req)]["concurrency"])
+
+
+def concurrency_text(req: dict[str, Any]) -> str:
+    concurrency = concurrency_of(req)
+    claim = min(concurrency, WORKER_DEFAULTS["claim_batch"])
+    return (
+        f"{WORKERS} x `shardq-worker --handlers shardq_handlers --concurrency {concurrency}` "
+        f"(asyncio; claims of up to {claim} jobs, result rows written and acked in batches of "
+        f"up to {WORKER_DEFAULTS['record_batch']}), 1 x `shardq-coordinator`, 1 x "
+        "`shardq-shard` loop per shard; log level WARNING"
+    )
+
+
+def tuning_statement(req: dict[str, Any]) -> dict[str, Any]:
+    """The ``tuning`` of a run's config: the knobs set, next to shardq-worker's defaults."""
+    concurrency = concurrency_of(req)
+    return {
+        "variant": tuning_of(req),
+        "knobs": {
+            "concurrency": concurrency,
+            "claim_batch": min(concurrency, WORKER_DEFAULTS["claim_batch"]),
+            "record_batch": WORKER_DEFAULTS["record_batch"],
+        },
+        "library_defaults": {
+            "concurrency": WORKER_DEFAULTS["concurrency"],
+            "claim_batch": min(WORKER_DEFAULTS["concurrency"], WORKER_DEFAULTS["claim_batch"]),
+            "record_batch": WORKER_DEFAULTS["record_batch"],
+        },
+        "note": "--concurrency is the only setting that differs from shardq-worker's defaults. "
+        f"claim_batch ({WORKER_DEFAULTS['claim_batch']}) and record_batch "
+        f"({WORKER_DEFAULTS['record_batch']}) are fixed defaults, not flags; a claim takes at "
+        "most the free slots, so at --concurrency 16 it takes <= 16. Every other setting is "
+        "the default but SHARDQ_LOG_LEVEL=WARNING and the drain/shutdown graces (2 s: they "
+        "only shorten stopping)",
+    }
+
+
+def processes_all(req: dict[str, Any], shards: int | str = 1) -> list[dict[str, Any]]:
+    """Every process of the run (a run's config states them: the workers are not the only
+    ones on the two cores)."""
+    return [
+        {"process": "shardq-worker", "count": WORKERS,
+         "role": f"claims jobs, runs up to {concurrency_of(req)} handlers at once (asyncio), "
+         "checks a job's earlier result row and writes its row in Postgres, acks in batches"},
+        {"process": "shardq-coordinator", "count": 1,
+         "role": "the gRPC API every submit goes through; assigns shards to the workers"},
+        {"process": "shardq-shard", "count": shards,
+         "role": "the shard loop (leader): promotes due delayed jobs, reaps expired leases, "
+         "samples tenant load, writes rows of jobs that ended without a worker"},
+        {"process": "redis-server", "count": shards, "role": "the shard: queues, jobs, schedules"},
+        {"process": "postgres", "count": "1 postmaster + its background processes + 1 backend "
+         "per connection (the workers', the coordinator's, the shard loops' and the bench "
+         "driver's)",
+         "role": "result rows (committed before each ack), tokens, the shard map"},
+        {"process": "bench driver", "count": 1,
+         "role": "the producer (a gRPC client); polls the result rows (not a worker)"},
+    ]  # fmt: skip
 
 
 # --- processes ----------------------------------------------------------------------------
@@ -337,7 +413,7 @@ class Cluster:
                 "SHARDQ_COORDINATOR": self.target,
                 "SHARDQ_WORKER_TOKEN": self.worker_token,
                 "SHARDQ_WORKER_ID": f"bench-worker-{k}",
-                "SHARDQ_CONCURRENCY": CONCURRENCY,
+                "SHARDQ_CONCURRENCY": concurrency_of(self.req),
                 "SHARDQ_DRAIN_GRACE_S": 2,
                 "SHARDQ_METRICS_PORT": port,
                 "BENCH_STARTS_FILE": self.starts,
@@ -445,10 +521,13 @@ async def _submit_batches(
     return times
 
 
-def _config(req: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def _config(req: dict[str, Any], shards: int | str = 1, **extra: Any) -> dict[str, Any]:
     return {
         "params": req["params"],
-        "concurrency": {"processes": WORKERS, "how": CONCURRENCY_TEXT},
+        # processes: the worker processes (the peers' figure); processes_all: every one.
+        "concurrency": {"processes": WORKERS, "how": concurrency_text(req)},
+        "tuning": tuning_statement(req),
+        "processes_all": processes_all(req, shards),
         "done_means": "the job's result row is committed in Postgres (then it is acked)",
         "machine_note": "2 cores shared by every process of the cluster, Redis and Postgres",
         **extra,
@@ -834,6 +913,19 @@ def scale(req: dict[str, Any]) -> dict[str, Any]:
         "config": {
             "params": req["params"],
             "concurrency": {"processes": 1, "how": "this process, through shardq.shard.client"},
+            "tuning": {
+                **tuning_statement(req),
+                "note": "no workers run in scale: the tuning does not apply, both variants "
+                "measure the same thing",
+            },
+            "processes_all": [
+                {
+                    "process": "bench driver",
+                    "count": 1,
+                    "role": "enqueues, claims, promotes and acks through shardq.shard.client",
+                },
+                {"process": "redis-server", "count": 1, "role": "the shard"},
+            ],
             "how": "jobs enqueued through shardq.shard.client.ShardClient (the shard's Python API; "
             "claim and promote are shard operations, the coordinator is not on their path); "
             f"claim and promote timed per job over {probe_n} probe jobs (claim: batches of "
@@ -869,6 +961,7 @@ def multishard(req: dict[str, Any]) -> dict[str, Any]:
         "metrics": metrics,
         "config": _config(
             req,
+            shards="1 per shard: " + ", ".join(map(str, p["shards"])) + " in turn",
             per_shard_count=per_k,
             layout="k redis-server processes (one per shard), k shard loops, one coordinator, "
             f"{WORKERS} workers; one tenant pinned to each shard, n jobs split evenly, queued "
@@ -893,7 +986,12 @@ SCENARIOS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 
 def main() -> None:
-    serve("shardq", _versions(), dict(SCENARIOS), needs=("redis", "postgres"))
+    import shardq  # noqa: PLC0415 -- only to say where the measured code is
+
+    # The editable install links each file from its checkout: follow the link.
+    source = os.path.dirname(os.path.realpath(shardq.__file__))
+    serve("shardq", _versions(), dict(SCENARIOS), needs=("redis", "postgres"),
+          described={"tunings": TUNINGS, "source": source})  # fmt: skip
 
 
 if __name__ == "__main__":
