@@ -1,6 +1,7 @@
 """shardq vs Celery, RQ, arq and Dramatiq, side by side in one run.
 
     python bench/run.py [--scenarios drain latency ...] [--peers rq celery ...] [--repeat 3]
+                        [--shardq-tuning defaults|tuned|both] [--peer-tuning defaults|tuned|both]
                         [--quick] [--no-shardq] [--out bench/results/<timestamp>.json]
 
 Creates one venv per peer under bench/.venvs/ (pinned by bench/peers/requirements/), starts
@@ -8,6 +9,10 @@ its own redis-server (and PostgreSQL when shardq needs it) on free ports, runs e
 for every system that supports it — each run a fresh subprocess in that system's venv, Redis
 flushed before it — repeats each ``--repeat`` times (interleaving the systems), prints one
 table and writes every run with its configuration to a JSON file. See docs/benchmarks.md.
+
+A system with knobs runs as one system per tuning asked for: ``shardq-tuned`` and
+``shardq-defaults`` (``--shardq-tuning``), ``celery-tuned``, ``dramatiq-defaults``, ...
+(``--peer-tuning``); rq has no knob and runs once, as ``rq``.
 
 Standard library only.
 """
@@ -38,6 +43,10 @@ from services import PostgresServer, RedisServer  # noqa: E402
 ROOT = HERE.parent
 VENVS = HERE / ".venvs"
 PEERS = ["celery", "rq", "arq", "dramatiq"]
+TUNING_CHOICES = {"defaults": ["defaults"], "tuned": ["tuned"], "both": ["tuned", "defaults"]}
+#: The shardq system the headline ratio uses, the first of these that ran ("shardq": a results
+#: file from before the variants, whose shardq was the tuned one).
+HEADLINE_SHARDQ = ["shardq-tuned", "shardq-defaults", "shardq"]
 SCENARIOS = [
     "submit", "drain", "latency", "delayed", "scale", "fairness", "fairness_priority", "multishard",
 ]  # fmt: skip
@@ -83,7 +92,7 @@ QUICK: dict[str, dict[str, Any]] = {
 HEADLINE = [
     ("submit", "single_jobs_per_s", "higher", "submit, single calls (jobs/s)"),
     ("submit", "batch_jobs_per_s", "higher", "submit, bulk API batches (jobs/s)"),
-    ("drain", "jobs_per_s", "higher", "drain 20k no-ops, 2 procs (jobs/s)"),
+    ("drain", "jobs_per_s", "higher", "drain 20k no-ops, 2 worker procs (jobs/s)"),
     ("latency", "p50_ms", "lower", "idle-to-start p50 (ms)"),
     ("latency", "p99_ms", "lower", "idle-to-start p99 (ms)"),
     ("delayed", "p99_ms", "lower", "delayed lateness p99 (ms)"),
@@ -125,6 +134,76 @@ def system_commands(args: argparse.Namespace) -> dict[str, list[str]]:
     return systems
 
 
+def is_shardq(system: str) -> bool:
+    return system == "shardq" or system.startswith("shardq-")
+
+
+def expand_tunings(
+    args: argparse.Namespace, commands: dict[str, list[str]], described: dict[str, Any]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """One system per (library, tuning asked for): ({name: {command, tuning}}, {name: its
+    describe answer with ``tuning`` and ``knobs``}). A library without knobs (rq) or one that
+    could not describe itself stays one system under its own name."""
+    systems: dict[str, dict[str, Any]] = {}
+    out: dict[str, Any] = {}
+    for base, command in commands.items():
+        answer = described[base]
+        tunings: dict[str, Any] = answer.get("tunings") or {}
+        wanted = TUNING_CHOICES[args.shardq_tuning if base == "shardq" else args.peer_tuning]
+        variants = [t for t in wanted if t in tunings]
+        if not variants:
+            systems[base] = {"command": command, "tuning": None}
+            out[base] = answer
+            continue
+        for tuning in variants:
+            name = f"{base}-{tuning}"
+            systems[name] = {"command": command, "tuning": tuning}
+            out[name] = {**answer, "tuning": tuning, "knobs": tunings[tuning]}
+    return systems, out
+
+
+def git_state(path: Path) -> dict[str, Any]:
+    """The checkout at ``path``: HEAD, and whether (and where) its tree differs from HEAD,
+    untracked files included (they may be imported), at the start of the run."""
+
+    def git(*argv: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(path), *argv], capture_output=True,
+                                  text=True, timeout=60, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    if sha is None:
+        return {"sha": None, "dirty": None, "checkout": str(path),
+                "note": "not a git checkout, or no git: the commit is unknown"}  # fmt: skip
+    top = (git("rev-parse", "--show-toplevel") or str(path)).strip()
+    changed = [line[3:] for line in (git("status", "--porcelain") or "").splitlines()]
+    return {
+        "sha": sha.strip(),
+        "dirty": bool(changed),
+        "dirty_paths": changed[:200],
+        "checkout": top,
+        "when": "at the start of the run",
+    }
+
+
+def commit_info(described: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the commit measured: the checkout shardq is imported from, or the harness's when no
+    shardq ran; the harness's own when that is another checkout, else None)."""
+    harness = git_state(ROOT)
+    source = next(
+        (d["source"] for n, d in described.items() if is_shardq(n) and d.get("source")), None
+    )
+    if source is None:
+        return harness, None
+    measured = git_state(Path(source))
+    if measured.get("checkout") == harness.get("checkout"):
+        return measured, None
+    return measured, harness
+
+
 def call(command: list[str], request: dict[str, Any], timeout: float) -> dict[str, Any]:
     """One request to a system's script; its last stdout line is the answer."""
     try:
@@ -162,8 +241,13 @@ def machine_info(redis: RedisServer) -> dict[str, Any]:
     except OSError:
         pass
     info = redis.info("server")
+    try:
+        cores = len(os.sched_getaffinity(0))  # the cores this run may use
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 0
     return {
         "cpu_count": os.cpu_count(),
+        "cores": cores,
         "cpu_model": cpu_model,
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -205,7 +289,10 @@ def one_run(
     }
     load = list(os.getloadavg())
     t0 = time.monotonic()
-    answer = call(ctx["systems"][system], request, timeout=ctx["run_timeout"])
+    spec = ctx["systems"][system]
+    if spec["tuning"]:
+        request["tuning"] = spec["tuning"]
+    answer = call(spec["command"], request, timeout=ctx["run_timeout"])
     record = {
         "system": system,
         "scenario": scenario,
@@ -294,26 +381,45 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def headline(summary: dict[str, Any], peers: list[str]) -> list[dict[str, Any]]:
+def headline(summary: dict[str, Any], systems: list[str]) -> list[dict[str, Any]]:
+    """Per headline figure: the best peer (over every peer system, whatever its tuning) and
+    each shardq system's median and ratio to it; ``shardq``/``ratio_shardq_over_best_peer``
+    are those of ``shardq_system``, the tuned shardq when it ran (``HEADLINE_SHARDQ``)."""
+    shardqs = [s for s in systems if is_shardq(s)]
+    peers = [s for s in systems if not is_shardq(s)]
+    lead = next((s for s in HEADLINE_SHARDQ if s in shardqs), shardqs[0] if shardqs else None)
     rows = []
     for scenario, metric, better, label in HEADLINE:
         per = summary.get(scenario, {}).get(metric, {})
         peer_medians = {p: per[p]["median"] for p in peers if p in per}
         row: dict[str, Any] = {"scenario": scenario, "metric": metric, "label": label,
                                "better": better, "best_peer": None, "best_peer_median": None,
-                               "shardq": None, "ratio_shardq_over_best_peer": None}  # fmt: skip
+                               "shardq_system": lead, "shardq": None,
+                               "ratio_shardq_over_best_peer": None,
+                               "shardq_variants": {}}  # fmt: skip
         if peer_medians:
             pick = max if better == "higher" else min
             best = pick(peer_medians, key=lambda p: peer_medians[p])
             row.update(best_peer=best, best_peer_median=peer_medians[best])
-        if "shardq" in per:
-            row["shardq"] = per["shardq"]["median"]
-            if row["best_peer_median"]:
-                row["ratio_shardq_over_best_peer"] = round(
-                    row["shardq"] / row["best_peer_median"], 3
-                )
+        for name in shardqs:
+            if name not in per:
+                continue
+            median = per[name]["median"]
+            ratio = round(median / row["best_peer_median"], 3) if row["best_peer_median"] else None
+            row["shardq_variants"][name] = {"median": median, "ratio_over_best_peer": ratio}
+            if name == lead:
+                row.update(shardq=median, ratio_shardq_over_best_peer=ratio)
         rows.append(row)
     return rows
+
+
+def yardstick(summary: dict[str, Any]) -> tuple[float | None, str]:
+    """rq's single-submit rate (median), the machine's speed as this harness sees it: one
+    producer process, redis-py and one Redis server, nothing of shardq's."""
+    stats = summary.get("submit", {}).get("single_jobs_per_s", {}).get("rq")
+    if stats:
+        return stats["median"], "median of rq's submit / single_jobs_per_s in this run"
+    return None, "rq's submit scenario did not run: no yardstick for this machine"
 
 
 def _fmt(x: float) -> str:
@@ -332,35 +438,104 @@ def cell(stats: dict[str, Any] | None) -> str:
     return f"{_fmt(stats['median'])} [{_fmt(stats['min'])}–{_fmt(stats['max'])}] n={stats['n']}"
 
 
-def render(result: dict[str, Any], markdown: bool = False) -> str:
-    """The table: one row per figure, one column per system; then the headline."""
-    rows = table_rows(result)
+def header_lines(result: dict[str, Any]) -> list[str]:
+    """What was measured and where: the commit, the machine, its yardstick."""
+    commit = result.get("commit")
+    if not commit:
+        commit_text = "not recorded (a results file from before run.py recorded it)"
+    elif not commit.get("sha"):
+        commit_text = f"unknown ({commit.get('note', 'no git')})"
+    else:
+        dirty = commit.get("dirty_paths") or []
+        state = f"dirty: {len(dirty)} changed paths at the start" if commit["dirty"] else "clean"
+        commit_text = f"{commit['sha'][:12]} ({state}) in {commit.get('checkout')}"
+    harness = result.get("harness_commit")
+    if harness and harness.get("sha"):
+        commit_text += f"; harness {harness['sha'][:12]} in {harness.get('checkout')}"
+    machine = result.get("machine", {})
+    cores = machine.get("cores") or machine.get("cpu_count")
+    rate = machine.get("yardstick_rq_single_submit_per_s")
+    if rate is None and "yardstick_rq_single_submit_per_s" not in machine:
+        rate = yardstick(result.get("summary", {}))[0]  # an older file: from its summary
+    rate_text = "none (rq's submit did not run)" if rate is None else f"{_fmt(rate)} jobs/s"
+    return [
+        f"commit: {commit_text}",
+        f"machine: {machine.get('cpu_model') or 'CPU model unknown'}, {cores} cores; "
+        f"yardstick (rq single submits): {rate_text}",
+    ]
+
+
+def tuning_lines(result: dict[str, Any]) -> list[str]:
+    """Each system's knobs (the described tunings); none for a file from before them."""
+    lines = []
+    for name, described in result["systems"].items():
+        if described.get("knobs") is not None:
+            knobs = ", ".join(f"{k}={v}" for k, v in described["knobs"].items())
+            lines.append(f"{name}: {described['tuning']} ({knobs})")
+    return lines
+
+
+def headline_lines(result: dict[str, Any], markdown: bool) -> list[str]:
+    rows = result["headline"]
+    variants = list(rows[0].get("shardq_variants", {})) if rows else []
+    if not variants:  # a file from before the variants: its one shardq (the tuned one)
+        variants = ["shardq"]
+    lead = (rows[0].get("shardq_system") if rows else None) or variants[0]
+    others = ", ".join(f"{v} / best peer" for v in variants if v != lead)
+    lines = ["", f"headline: {lead} / best peer (the best over every peer system)"
+                 + (f"; beside it {others}" if others else "") + ":"]  # fmt: skip
     if markdown:
-        lines = ["| " + " | ".join(r) + " |" for r in rows]
-        lines.insert(1, "|" + "---|" * len(rows[0]))
+        cols = [c for v in variants for c in (v, f"{v} / best peer")]
+        lines += ["", "| figure | " + " | ".join(cols) + " | best peer |",
+                  "|---|" + "---|" * (len(cols) + 1)]  # fmt: skip
+    for h in rows:
+        per = h.get("shardq_variants") or {
+            "shardq": {
+                "median": h["shardq"],
+                "ratio_over_best_peer": h["ratio_shardq_over_best_peer"],
+            }
+        }  # an older file's row
+        best = "-" if h["best_peer"] is None else f"{h['best_peer']} {_fmt(h['best_peer_median'])}"
+        cells = []
+        for v in variants:
+            got = per.get(v) or {}
+            median = got.get("median")
+            ratio = got.get("ratio_over_best_peer")
+            cells += ["-" if median is None else _fmt(median), "-" if ratio is None else str(ratio)]
+        if markdown:
+            lines.append(f"| {h['label']} | " + " | ".join(cells) + f" | {best} |")
+        else:
+            text = "  ".join(f"{v} {m:<10} ratio {r:<7}" for v, m, r in
+                             zip(variants, cells[::2], cells[1::2], strict=True))  # fmt: skip
+            lines.append(f"  {h['label']:<42} {text} best peer {best}")
+    return lines
+
+
+def render(result: dict[str, Any], markdown: bool = False) -> str:
+    """The commit and machine, the table (one row per figure, one column per system), each
+    system's knobs, then the headline."""
+    rows = table_rows(result)
+    head = header_lines(result)
+    if markdown:
+        lines = [f"- {line}" for line in head] + [""]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines.insert(len(head) + 2, "|" + "---|" * len(rows[0]))
         lines += ["", "Cells: median [min–max] n=repeats."]
     else:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = [*head, ""]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        lines.insert(len(head) + 2, "  ".join("-" * w for w in widths))
         lines += ["", "cells: median [min–max] n=repeats"]
+    tunings = tuning_lines(result)
+    if tunings:
+        lines += ["", "Tunings:", ""] if markdown else ["", "tunings:"]
+        lines += [f"- {t}" if markdown else f"  {t}" for t in tunings]
     for name, described in result["systems"].items():
         if described.get("skipped") or described.get("error"):
             why = described.get("skipped") or described.get("error")
             lines.append(f"{name}: not measured ({why}) — no numbers reported")
-    lines += ["", "headline (shardq / best peer):"]
-    if markdown:
-        lines += ["", "| figure | shardq | best peer | shardq / best peer |", "|---|---|---|---|"]
-    for h in result["headline"]:
-        shardq = "pending" if h["shardq"] is None else _fmt(h["shardq"])
-        best = "-" if h["best_peer"] is None else f"{h['best_peer']} {_fmt(h['best_peer_median'])}"
-        ratio = h["ratio_shardq_over_best_peer"]
-        ratio_text = "pending" if ratio is None else str(ratio)
-        if markdown:
-            lines.append(f"| {h['label']} | {shardq} | {best} | {ratio_text} |")
-        else:
-            lines.append(f"  {h['label']:<40} shardq {shardq:<10} best peer {best:<22} "
-                         f"ratio {ratio_text}")  # fmt: skip
+    lines += headline_lines(result, markdown)
     return "\n".join(lines)
 
 
@@ -395,6 +570,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=None, help="runs per figure (3; --quick: 1)")
     ap.add_argument("--quick", action="store_true", help="tiny counts: a smoke run in seconds")
     ap.add_argument("--no-shardq", action="store_true", help="peers only")
+    ap.add_argument(
+        "--shardq-tuning", choices=TUNING_CHOICES, default="both",
+        help="shardq's workers at their defaults (--concurrency 16), tuned (200), or both "
+        "(default: both, as shardq-tuned and shardq-defaults)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--peer-tuning", choices=TUNING_CHOICES, default="both",
+        help="each peer with knobs at its library's defaults, with the equivalent of shardq's "
+        "tuning, or both (default: both); rq has no knob and runs once",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="JSON file (bench/results/<ts>.json)")
     ap.add_argument(
         "--shardq-python",
@@ -420,6 +605,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_result(ctx: dict[str, Any], args: argparse.Namespace, complete: bool) -> dict[str, Any]:
     runs = ctx["runs"]
     summary = summarize(runs)
+    rate, note = yardstick(summary)
+    machine = {**ctx["machine"], "yardstick_rq_single_submit_per_s": rate, "yardstick_note": note}
     return {
         "schema": "shardq-bench/1",
         "complete": complete,  # false in the file written after each run while it goes on
@@ -429,13 +616,16 @@ def build_result(ctx: dict[str, Any], args: argparse.Namespace, complete: bool) 
         "quick": args.quick,
         "repeat": args.repeat,
         "scenarios": args.scenarios,
-        "machine": ctx["machine"],
+        "commit": ctx["commit"],
+        **({"harness_commit": ctx["harness_commit"]} if ctx["harness_commit"] else {}),
+        "tunings_asked": {"shardq": args.shardq_tuning, "peers": args.peer_tuning},
+        "machine": machine,
         "services": ctx["services"],
         "systems": ctx["described"],
         "params": {s: (QUICK if args.quick else FULL)[s] for s in args.scenarios},
         "runs": runs,
         "summary": summary,
-        "headline": headline(summary, [p for p in args.peers if p in ctx["described"]]),
+        "headline": headline(summary, list(ctx["described"])),
     }
 
 
@@ -455,8 +645,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(render(rendered, markdown=args.markdown))
         return rendered
     started = dt.datetime.now(dt.UTC).isoformat()
-    systems = system_commands(args)
-    described = {name: call(cmd, {"op": "describe"}, timeout=120) for name, cmd in systems.items()}
+    commands = system_commands(args)
+    answers = {name: call(cmd, {"op": "describe"}, timeout=120) for name, cmd in commands.items()}
+    systems, described = expand_tunings(args, commands, answers)
+    commit, harness_commit = commit_info(described)
     needs_pg = any(
         "postgres" in d.get("needs", []) and not d.get("skipped") for d in described.values()
     )
@@ -470,7 +662,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             postgres.__enter__()
         try:
             machine = machine_info(redis)
+            ctx: dict[str, Any]
             ctx = {"redis": redis, "tmp": tmp, "systems": systems, "described": described,
+                   "commit": commit, "harness_commit": harness_commit,
                    "quick": args.quick, "run_timeout": args.run_timeout,
                    "postgres_url": postgres.url if postgres else None,
                    "command": [Path(sys.executable).name, *sys.argv] if argv is None else argv,
