@@ -1,9 +1,10 @@
 """The benchmark's smoke run (``bench/smoke.py``), so the harness cannot rot unnoticed.
 
 ``run.py --quick`` for rq (its venv is made under bench/.venvs/ from PyPI on first use) and for
-shardq (a real cluster per scenario: Redis, Postgres, coordinator, shard loops, workers), then
-the shape of the JSON and that every shardq figure is a number. Tiny counts: a check that it
-runs and reports, not a measurement (no timing is asserted).
+shardq at its defaults and tuned (a real cluster per scenario: Redis, Postgres, coordinator,
+shard loops, workers), then the shape of the JSON — the commit, the machine and its yardstick,
+each run's tuning and processes — and that every shardq figure is a number. Tiny counts: a
+check that it runs and reports, not a measurement (no timing is asserted).
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ def _load_smoke() -> ModuleType:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)  # ~1.5 min on 2 cores, plus rq's one-time pip install
+@pytest.mark.timeout(600)  # ~2 min on 2 cores (shardq twice), plus rq's one-time pip install
 def test_quick_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
-    result = _load_smoke().smoke(tmp_path, timeout=400)
-    shardq = [r for r in result["runs"] if r["system"] == "shardq"]
-    assert {r["scenario"] for r in shardq} == set(result["scenarios"])
-    assert all(r["status"] == "ok" for r in shardq), shardq
+    result = _load_smoke().smoke(tmp_path, timeout=540)
+    for system in ("shardq-tuned", "shardq-defaults"):
+        shardq = [r for r in result["runs"] if r["system"] == system]
+        assert {r["scenario"] for r in shardq} == set(result["scenarios"]), system
+        assert all(r["status"] == "ok" for r in shardq), shardq
 
 
 @pytest.mark.timeout(300)
