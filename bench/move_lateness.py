@@ -1,7 +1,7 @@
 """How late delayed jobs start when they come due while their tenant moves between shards.
 
-    python bench/move_lateness.py [--tenants 3] [--jobs 700] [--slot-s 14] [--repeat 1] [--note TEXT]
-                                  [--out bench/reference/<date>-move-lateness-<label>.json]
+    python bench/move_lateness.py [--tenants 3] [--jobs 700] [--slot-s 14] [--repeat 1]
+                                  [--note TEXT] [--out FILE.json]
 
 A real cluster (``bench/shardq_bench.py``'s ``Cluster``: a database of its own on the local
 Postgres, ``shardq migrate`` / ``shards init`` / ``tokens create``, one ``shardq-shard`` loop
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE / "peers")]
 
 import psycopg  # noqa: E402
 from _common import duplicate_starts, read_starts, summary_ms  # noqa: E402
