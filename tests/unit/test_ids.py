@@ -30,6 +30,20 @@ def test_the_first_ten_characters_encode_the_timestamp(now_ms: int) -> None:
     assert value >> 80 == now_ms
 
 
+@pytest.mark.parametrize("random", [bytes(10), b"\xff" * 10, bytes(range(1, 11))])
+def test_the_last_sixteen_characters_encode_the_random_bits(
+    random: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("shardq.common.ids.os.urandom", lambda n: random[:n])
+    jid = new_job_id(1_700_000_000_000)
+    alphabet = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    value = 0
+    for ch in jid:
+        value = value * 32 + alphabet.index(ch)
+    assert value & (2**80 - 1) == int.from_bytes(random, "big")
+    assert value >> 80 == 1_700_000_000_000
+
+
 def test_ids_sort_by_creation_time() -> None:
     times = [0, 1, 999, 1_000, 1_700_000_000_000, 1_700_000_000_001, 2**47, 2**48 - 1]
     ids = [new_job_id(t) for t in times]
