@@ -41,6 +41,7 @@ from shardq.store import db
 from shardq.store.results import (
     ResultRow,
     ResultStore,
+    storable,
     to_json,
     write_in_session,
     write_in_sync_session,
@@ -691,14 +692,17 @@ def _permanent(exc: Exception, spec: HandlerSpec) -> bool:
 
 
 def _failure(run: Running, exc: Exception, timeout_s: float) -> Outcome:
+    # The message as Redis and Postgres take it: a NUL or an unpaired surrogate in it (the
+    # handler's own exception says anything) would fail the fail and the row of the attempt.
+    message = storable(str(exc)) or ""
     if isinstance(exc, RetryLater):
         retry_at = now_ms() + int(exc.delay_s * 1000)
-        return Outcome(run, "failure", error=str(exc), retry_at_ms=retry_at)
+        return Outcome(run, "failure", error=message, retry_at_ms=retry_at)
     if isinstance(exc, PermanentFailure):
-        return Outcome(run, "failure", error=f"permanent: {exc}", permanent=True)
+        return Outcome(run, "failure", error=f"permanent: {message}", permanent=True)
     if isinstance(exc, TimeoutError):
         return Outcome(run, "failure", error=f"timed out after {timeout_s:g}s")
-    return Outcome(run, "failure", error=f"{type(exc).__name__}: {exc}")
+    return Outcome(run, "failure", error=f"{type(exc).__name__}: {message}")
 
 
 async def _close_session(ctx: Context) -> None:

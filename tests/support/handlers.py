@@ -82,3 +82,17 @@ def exit_after_commit(ctx: Context, payload: Any) -> dict[str, Any]:
 def cpu(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
     """Runs in the process pool: ctx is plain metadata there."""
     return {"sum": sum(range(payload["n"])), "pid": os.getpid(), "attempt": ctx["attempt"]}
+
+
+@handler("test.unstorable_result")
+async def unstorable_result(ctx: Context, payload: Any) -> dict[str, Any]:
+    """Returns what JSONB cannot hold (a NUL character): the job fails, its row says why."""
+    _note_execution(ctx.request_id)
+    return {"bytes": "a\x00b"}
+
+
+@handler("test.unstorable_error")
+async def unstorable_error(ctx: Context, payload: Any) -> None:
+    """Fails with a message a Postgres text column cannot hold as it is."""
+    _note_execution(ctx.request_id)
+    raise RuntimeError("bad\x00thing \ud800")

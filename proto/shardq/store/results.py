@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -65,7 +66,7 @@ class ResultRow:
             "handler": self.handler,
             "status": self.status,
             "result": self.result,
-            "error": self.error,
+            "error": storable(self.error),
             "attempts": self.attempts,
             "fence": self.fence,
             "worker_id": self.worker_id,
@@ -107,20 +108,22 @@ _COLUMNS = (
 )  # fmt: skip
 _KEPT = ("tenant_id", "request_id", "handler", "queued_at")
 _SET = ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS if c not in _KEPT)
-#: The batch upsert as one fixed statement over arrays (one parameter per column, not per
-#: value): nothing to compile per batch, and psycopg adapts each list in C. In the profile of
-#: a drain, compiling and converting the multi-row VALUES statement (whose text changes with
-#: every batch size) took most of a worker's CPU. Same rule as :func:`upsert`: only a ``dead``
-#: row is replaced. Times travel as unix ms (0 = NULL) to spare building datetime objects.
+#: The batch upsert as one fixed statement over one JSON parameter (the rows), not a multi-row
+#: VALUES statement: nothing to compile per batch (in the profile of a drain, compiling and
+#: converting the VALUES statement, whose text changes with every batch size, took most of a
+#: worker's CPU), and one ``json.dumps`` in C where 15 array parameters cost psycopg a Python
+#: dump per value (25 us of the worker's CPU per row: ``bench/op_costs.py``). Same rule as
+#: :func:`upsert`: only a ``dead`` row is replaced. Times travel as unix ms (0 = NULL) to spare
+#: building datetime objects; ``res`` and ``pg`` as JSON text (``res`` "null" for None: JSON
+#: null, as SQLAlchemy's JSONB type stores it; ``pg`` null: SQL NULL, never reported).
 _UPSERT_MANY = f"""
 INSERT INTO shardq_results ({", ".join(_COLUMNS)})
 SELECT t, r, j, s, h, st, res::jsonb, e, a, f, w,
        to_timestamp(NULLIF(q, 0) / 1000.0), to_timestamp(NULLIF(sa, 0) / 1000.0),
        to_timestamp(fa / 1000.0), pg::jsonb
-FROM unnest(%(t)s::text[], %(r)s::text[], %(j)s::text[], %(s)s::int[], %(h)s::text[],
-            %(st)s::text[], %(res)s::text[], %(e)s::text[], %(a)s::int[], %(f)s::bigint[],
-            %(w)s::text[], %(q)s::bigint[], %(sa)s::bigint[], %(fa)s::bigint[], %(pg)s::text[])
-     AS u(t, r, j, s, h, st, res, e, a, f, w, q, sa, fa, pg)
+FROM json_to_recordset(%(rows)s::json)
+     AS u(t text, r text, j text, s int, h text, st text, res text, e text, a int, f bigint,
+          w text, q bigint, sa bigint, fa bigint, pg text)
 ON CONFLICT (tenant_id, request_id) DO UPDATE SET {_SET}
 WHERE shardq_results.status = 'dead'
 """
@@ -135,27 +138,26 @@ WHERE (tenant_id, request_id) IN (SELECT * FROM unnest(%(t)s::text[], %(r)s::tex
 """
 
 
-def _arrays(rows: Sequence[ResultRow]) -> dict[str, list[Any]]:
-    """The rows as one list per column. The first row of a key wins: one statement may not
-    update a row twice."""
+def _rows_param(rows: Sequence[ResultRow]) -> dict[str, str]:
+    """The rows as :data:`_UPSERT_MANY`'s one parameter. The first row of a key wins: one
+    statement may not update a row twice."""
     seen: set[tuple[str, str]] = set()
-    names = ("t", "r", "j", "s", "h", "st", "res", "e", "a", "f", "w", "q", "sa", "fa", "pg")
-    cols: dict[str, list[Any]] = {k: [] for k in names}
+    out: list[dict[str, Any]] = []
     for row in rows:
-        if (row.tenant_id, row.request_id) in seen:
+        key = (row.tenant_id, row.request_id)
+        if key in seen:
             continue
-        seen.add((row.tenant_id, row.request_id))
-        values = (
-            row.tenant_id, row.request_id, row.job_id, row.shard_id, row.handler, row.status,
-            # JSON null for None, as SQLAlchemy's JSONB type stores it (none_as_null is off).
-            json.dumps(row.result), row.error, row.attempts, row.fence, row.worker_id,
-            row.queued_ms, row.started_ms, row.finished_ms,
-            # SQL NULL (not JSON null) for no progress: "never reported" reads as IS NULL.
-            None if row.progress is None else json.dumps(row.progress),
+        seen.add(key)
+        out.append(
+            {
+                "t": row.tenant_id, "r": row.request_id, "j": row.job_id, "s": row.shard_id,
+                "h": row.handler, "st": row.status, "res": json.dumps(row.result),
+                "e": storable(row.error), "a": row.attempts, "f": row.fence, "w": row.worker_id,
+                "q": row.queued_ms, "sa": row.started_ms, "fa": row.finished_ms,
+                "pg": None if row.progress is None else json.dumps(row.progress),
+            }
         )  # fmt: skip
-        for name, value in zip(names, values, strict=True):
-            cols[name].append(value)
-    return cols
+    return {"rows": json.dumps(out)}
 
 
 class _Conn:
@@ -212,7 +214,7 @@ class ResultStore:
         """Commit the rows in one statement (raises on a database error: the caller retries)."""
         if not rows:
             return
-        await self._writes.execute(_UPSERT_MANY, _arrays(rows))
+        await self._writes.execute(_UPSERT_MANY, _rows_param(rows))
 
     async def already_done(self, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         """The (tenant_id, request_id) keys among ``keys`` that have a final (non-dead) row."""
@@ -262,9 +264,39 @@ def _upsert_returning(row: ResultRow) -> sa.Insert:
     return upsert([row]).returning(results.c.status)
 
 
+#: The NUL character as JSON writes it: ``\u0000`` after an even number of backslashes (after
+#: an odd number it is the text "\u0000", which JSONB stores).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def to_json(value: Any) -> Any:
-    """The handler's return value as JSON data (raises TypeError when it cannot be)."""
-    return json.loads(json.dumps(value))
+    """The handler's return value as JSON data: TypeError when it is not JSON data, ValueError
+    when Postgres cannot store it (JSONB refuses the NUL character and unpaired surrogates).
+    Refused here, the job fails with that error; written, its batch of rows would be refused
+    whole, again on every try."""
+    text = json.dumps(value, ensure_ascii=False)
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise ValueError("the result cannot be stored: Postgres refuses the NUL character")
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"the result cannot be stored: {exc.reason} in a string") from None
+    return json.loads(text)
+
+
+def storable(text: str | None) -> str | None:
+    """``text`` as a Postgres text column takes it: a NUL character written ``\\0`` and an
+    unpaired surrogate as its escape (an error message can hold either; a row refused for it
+    would hold its whole batch back on every try)."""
+    if text is None:
+        return None
+    if "\x00" in text:
+        text = text.replace("\x00", "\\0")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 async def read_result(engine: AsyncEngine, tenant_id: str, request_id: str) -> bytes | None:
