@@ -60,9 +60,14 @@ WHERE retention_s > 0
 # One batch of one tenant: the ctid of at most :n rows past the cutoff (an index range of
 # ix_shardq_results_tenant_id_finished_at), deleted by a TID scan. A row updated between the
 # two (a dead job's row replaced by its retry's success) has moved to another ctid and is
-# left alone: it is no longer the row that was found old.
+# left alone: it is no longer the row that was found old. The outer conditions repeat the
+# tenant and the cutoff: a ctid is unique within one table only, and with the table
+# partitioned by tenant (docs/scaling.md) each partition has its own; the tenant keeps the
+# delete to the tenant's partition, where the ctid names the row that was found.
 _PURGE_BATCH = sa.text("""
-DELETE FROM shardq_results WHERE ctid = ANY(ARRAY(
+DELETE FROM shardq_results
+WHERE tenant_id = :tenant AND finished_at < now() - make_interval(secs => :retention_s)
+  AND ctid = ANY(ARRAY(
     SELECT ctid FROM shardq_results
     WHERE tenant_id = :tenant AND finished_at < now() - make_interval(secs => :retention_s)
     ORDER BY finished_at

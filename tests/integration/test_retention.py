@@ -16,8 +16,9 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from shardq.coordinator.retention import PURGE_LOCK_KEY
+from shardq.coordinator.retention import PURGE_LOCK_KEY, RetentionPurger
 from shardq.store.db import make_engine, results
+from shardq.store.migrate import upgrade
 from tests.support.cli import Shardq, one_error_line
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.postgres import sqlalchemy_url, throwaway_database
@@ -180,3 +181,54 @@ async def test_a_negative_or_too_long_retention_is_refused_naming_the_field(
     run = await shardq("tenants", "set", "acme", "--result-retention", str(10**12))
     line = one_error_line(run, "INVALID_ARGUMENT")
     assert "limits.result_retention_s" in line
+
+
+async def test_on_a_table_partitioned_by_tenant_the_purge_deletes_only_the_rows_it_found() -> None:
+    """docs/scaling.md partitions the results by tenant hash; a ctid is unique within one
+    partition only, and the purge (by ctid) must not delete the rows of other partitions that
+    sit at the same ctids."""
+    with throwaway_database() as url:
+        db_url = sqlalchemy_url(url)
+        await asyncio.to_thread(upgrade, db_url)
+        engine = make_engine(db_url)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(sa.text("ALTER TABLE shardq_results RENAME TO unpartitioned"))
+                await conn.execute(
+                    sa.text(
+                        "CREATE TABLE shardq_results (LIKE unpartitioned INCLUDING DEFAULTS "
+                        "INCLUDING CONSTRAINTS) PARTITION BY HASH (tenant_id)"
+                    )
+                )
+                await conn.execute(
+                    sa.text("ALTER TABLE shardq_results ADD PRIMARY KEY (tenant_id, request_id)")
+                )
+                for i in range(4):
+                    await conn.execute(
+                        sa.text(
+                            f"CREATE TABLE shardq_results_{i} PARTITION OF shardq_results "
+                            f"FOR VALUES WITH (MODULUS 4, REMAINDER {i})"
+                        )
+                    )
+                now = datetime.now(UTC)
+                tenants = {f"t{k}": timedelta(days=30 if k == 0 else 0) for k in range(8)}
+                rows = [
+                    {"tenant_id": t, "request_id": f"{t}-{i}", "job_id": f"j-{t}-{i}",
+                     "shard_id": 0, "handler": "h", "status": "succeeded", "attempts": 1,
+                     "fence": 1, "worker_id": "w", "finished_at": now - age}
+                    for t, age in tenants.items()
+                    for i in range(5)
+                ]  # fmt: skip
+                await conn.execute(sa.insert(results), rows)
+                spread = await conn.scalar(
+                    sa.text("SELECT count(DISTINCT tableoid) FROM shardq_results")
+                )
+            assert spread is not None and spread > 1  # the tenants share ctids across partitions
+            report = await RetentionPurger(engine, default_retention_s=86_400).purge_once()
+            async with engine.connect() as conn:
+                left = (await conn.execute(sa.text("SELECT tenant_id FROM shardq_results"))).all()
+            assert report.rows == 5
+            assert sorted({t for (t,) in left}) == [f"t{k}" for k in range(1, 8)]
+            assert len(left) == 35
+        finally:
+            await engine.dispose()
