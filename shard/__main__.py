@@ -45,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p, "--precheck-ahead-ms", 1_000, "how far ahead of their run-at delayed jobs' result rows "
         "are looked up, so that workers start them without a lookup (0: off)", int,
     )  # fmt: skip
+    config.add(
+        p, "--promote-ahead-ms", 20, "delayed jobs due within this long are promoted already; "
+        "their workers start them on their run-at (0: promote on the run-at)", int,
+    )  # fmt: skip
     config.add(p, "--leader-ttl-ms", 5_000, "leader lease length", int)
     config.add(p, "--reap-interval-ms", 1_000, "how often expired leases are reaped", int)
     config.add(p, "--load-interval-s", 10.0, "how often tenant load is sampled (0: off)", float)
@@ -100,6 +104,7 @@ async def serve(args: argparse.Namespace) -> None:
         LoopSettings(
             leader_ttl_ms=args.leader_ttl_ms,
             reap_interval_ms=args.reap_interval_ms,
+            promote_ahead_ms=args.promote_ahead_ms,
             instance_id=args.instance_id,
             load_interval_s=args.load_interval_s,
             load_top_tenants=args.load_top_tenants,
@@ -121,6 +126,7 @@ async def serve(args: argparse.Namespace) -> None:
     running = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         running.add_signal_handler(sig, loop.stop)
+    config.freeze_startup_heap()
     try:
         await loop.run()
     finally:

@@ -303,8 +303,10 @@ class ShardClient:
 
     # --- the shard loop ---------------------------------------------------------------
 
-    async def promote(self, limit: int | None = None) -> tuple[int, int | None]:
-        """Move due jobs to ready, in capped batches until none is due.
+    async def promote(self, limit: int | None = None, ahead_ms: int = 0) -> tuple[int, int | None]:
+        """Move due jobs to ready, in capped batches until none is due; with ``ahead_ms``,
+        also those due within that long (their workers wait for their run-at: see
+        ``promote.lua``).
 
         Returns (jobs taken off the delayed set, next due time in unix ms or None). Due is
         decided by the shard's clock; the next due time is told by this client's clock (the
@@ -315,7 +317,7 @@ class ShardClient:
         total = 0
         while True:
             taken, next_due, shard_now = await self._run(
-                "promote", [self.keys.scheduled()], [self._now_arg(), limit]
+                "promote", [self.keys.scheduled()], [self._now_arg(), limit, ahead_ms]
             )
             total += int(taken)
             if int(taken) < limit:

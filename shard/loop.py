@@ -47,6 +47,10 @@ class LoopSettings:
     reap_interval_ms: int = 1_000
     #: Longest the promoter sleeps with nothing due, in ms (a safety net, not a poll).
     max_idle_ms: int = 5_000
+    #: Jobs due within this many ms are promoted already (``SHARDQ_PROMOTE_AHEAD_MS``):
+    #: their worker claims them before their run-at and starts them on it, so neither the
+    #: promoter's wake-up nor the claim makes them late.
+    promote_ahead_ms: int = 20
     #: Pause after a Redis error before trying again, in ms.
     retry_delay_ms: int = 500
     #: How often the leader samples every tenant's load, in s; 0 turns sampling off.
@@ -210,10 +214,11 @@ class ShardLoop:
 
     async def _promote_forever(self) -> None:
         s = self.settings
+        ahead = max(0, s.promote_ahead_ms)
         while True:
             self._wake.clear()
             try:
-                promoted, next_due = await self.shard.promote()
+                promoted, next_due = await self.shard.promote(ahead_ms=ahead)
                 self.metrics.promoted.inc(promoted)
                 next_tick = await self._fire_cron()
             except RedisError as exc:
@@ -221,6 +226,8 @@ class ShardLoop:
                 await asyncio.sleep(s.retry_delay_ms / 1000)
                 continue
             now = self.shard.clock.now_ms()
+            if next_due is not None:
+                next_due -= ahead
             wake_at = min(t for t in (next_due, next_tick, now + s.max_idle_ms) if t is not None)
             if wake_at > now:
                 with contextlib.suppress(TimeoutError):

@@ -448,6 +448,8 @@ class ClaimedJob:
     queue: str
     #: When this claim started the attempt, by the shard's clock (hash field ``sa``): the
     #: started-at of its result row, comparable with ``run_at_ms`` and ``created_at_ms``.
+    #: Earlier than ``run_at_ms`` for a job promoted ahead: the worker starts it on its run-at
+    #: (``sa`` in Redis says so already) and counts its start from there.
     started_at_ms: int = 0
     #: The submitter's trace context (hash field ``tc``), '' for none: the worker's spans of
     #: this job join that trace (``shardq.common.tracing``).

@@ -52,6 +52,7 @@ from shardq.worker.handlers import HandlerSpec, PermanentFailure, RetryLater
 from shardq.worker.heartbeat import Heartbeater
 from shardq.worker.metrics import WorkerMetrics
 from shardq.worker.settings import WorkerSettings
+from shardq.worker.shardclock import ShardClock, monotonic_ms
 from shardq.worker.unrunnable import UnknownHandlers
 
 log = logging.getLogger("shardq.worker")
@@ -108,6 +109,8 @@ class Running:
     duplicate: bool = False
     #: The handler's last progress report (``ctx.progress``), for the result row.
     progress: JobProgress | None = None
+    #: A job claimed before its run-at: when to start it (``shardclock.monotonic_ms``).
+    start_at_ms: float | None = None
 
     @property
     def lease(self) -> Lease:
@@ -155,6 +158,8 @@ class ShardHandle:
     active: bool = True
     #: Claim calls made: where the rotation of ``queues`` stands.
     turn: int = 0
+    #: The shard's clock, for jobs claimed before their run-at.
+    clock: ShardClock = field(default_factory=ShardClock)
 
     def claim_order(self) -> tuple[str, ...]:
         """The queues in this call's order: each call starts one queue further on, so a
@@ -328,6 +333,7 @@ class Worker:
                 self._reserved -= want
                 self._update_room()
             if jobs:
+                shard.clock.observe(monotonic_ms(), jobs[0].started_at_ms)
                 runs = self._register(shard, jobs)
                 for job in jobs:  # a job submitted traced: a claim span in its trace
                     if job.trace_context:
@@ -353,6 +359,9 @@ class Worker:
         runs = []
         for job in jobs:
             run = Running(shard.shard_id, shard.address, job, started)
+            if job.started_at_ms and job.run_at_ms > job.started_at_ms:
+                # Claimed ahead of its run-at (promoted ahead: LoopSettings.promote_ahead_ms).
+                run.start_at_ms = shard.clock.local_ms(job.run_at_ms)
             self.running[(shard.shard_id, job.job_id)] = run
             runs.append(run)
         self.heartbeater.add_many(shard.shard_id, shard.address, [r.lease for r in runs])
@@ -395,6 +404,12 @@ class Worker:
             self.unknown.note(job)
             self._outcomes.put_nowait(Outcome(run, "unrunnable"))
             return
+        if run.start_at_ms is not None:
+            try:
+                job = await self._until_run_at(run)
+            except asyncio.CancelledError:
+                self._outcomes.put_nowait(Outcome(run, _interrupted(run)))
+                return
         timeout_s = spec.timeout_s or job.timeout_ms / 1000
         factory: Any = None
         if spec.mode == "async":
@@ -432,6 +447,16 @@ class Worker:
         if outcome.kind == "failure" and spec.max_attempts and job.attempt >= spec.max_attempts:
             outcome.permanent = True
         self._outcomes.put_nowait(outcome)
+
+    async def _until_run_at(self, run: Running) -> ClaimedJob:
+        """Sleep until ``run``'s job is due by its shard's clock (``ShardClock``); then it
+        counts as started there: its row's start is its run-at (as the job hash's 'sa' says),
+        its timeout and duration run from now."""
+        assert run.start_at_ms is not None
+        await asyncio.sleep(max(0.0, run.start_at_ms - monotonic_ms()) / 1000)
+        run.started_ms = now_ms()
+        run.job = dataclasses.replace(run.job, started_at_ms=run.job.run_at_ms)
+        return run.job
 
     async def _call(self, spec: HandlerSpec, ctx: Context, payload: Any, run: Running) -> Any:
         loop = asyncio.get_running_loop()

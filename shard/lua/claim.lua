@@ -20,7 +20,8 @@
 -- ARGV[4]  worker_id                 (string)  -> job hash field 'w' of each claimed job
 -- ARGV[5..] queues                   (string)  the queues to claim from, in this call's order
 -- Reads limits:{t} 'weight' (jobs per turn, absent: 1) and 'max_active' (absent: no cap).
--- Each claimed job's hash gets 's' = 'active', 'f' = its new fence, 'sa' = now_ms, 'at' + 1,
+-- Each claimed job's hash gets 's' = 'active', 'f' = its new fence, 'sa' = now_ms (its run-at
+-- when later: a job promoted ahead, which its worker starts on it), 'at' + 1,
 -- and loses 'xw'/'xu'; its tenant's 'ready' and 'active' gauges move (once per tenant per
 -- call). A tenant whose active jobs reach its max_active joins 'parked'.
 -- Returns  a flat list, 16 entries per claimed job (ClaimedJob.from_reply in shard/records.py):
@@ -38,7 +39,9 @@
 --   j=11  max_attempts     (int)             <- 'ma'
 --   j=12  timeout_ms       (int, ms)         <- 'to'
 --   j=13  queue            (string)          <- 'q' (the queue it was claimed from)
---   j=14  started_at_ms    (int, unix ms)    <- 'sa' (now: this claim's start)
+--   j=14  started_at_ms    (int, unix ms)    now: this claim's time ('sa' but for a job
+--                                            claimed before its run-at: the worker waits
+--                                            run_at_ms - this before starting it)
 --   j=15  trace_context    (string)          <- 'tc' ('' when the submitter sent none)
 --   j=16  checked          ('1' or '0')      '1': a first claim ('f' was 0) of a job the shard
 --                                            loop found no final row for ('ck', precheck.lua):
@@ -146,8 +149,10 @@ local function take(q, t, i, id, j)
   local attempts = (tonumber(j[12]) or 0) + 1
   -- Read before this claim sets 'f': a job never claimed before has 'f' = 0 (enqueue.lua).
   local checked = (j[15] == '1' and tonumber(j[14] or '0') == 0) and '1' or '0'
-  redis.call('HSET', job, 's', 'active', 'f', string.format('%d', fence), 'w', worker, 'sa', now,
-    'at', attempts)
+  -- A job promoted ahead (promote.lua's ahead_ms) starts on its run-at: its worker waits.
+  local starts = math.max(now, tonumber(j[8]) or 0)
+  redis.call('HSET', job, 's', 'active', 'f', string.format('%d', fence), 'w', worker,
+    'sa', starts, 'at', attempts)
   if j[2] then redis.call('HDEL', job, 'xw', 'xu') end
   redis.call('ZADD', KEYS[3], deadline, id)
   redis.call('ZADD', k_tactive(t), now, id)

@@ -7,12 +7,18 @@
 -- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
 --                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  limit                     (int)     most jobs to move in this call
+-- ARGV[3]  ahead_ms                  (int)     move jobs due up to this long after now too
+--                                              (absent: 0). A worker that claims one waits
+--                                              until its run-at (by the claim's clock,
+--                                              'ra' - 'sa') before its handler starts, so
+--                                              the claim's own time is spent before run-at
 -- A promoted job's hash gets 's' = 'ready'; its queue is hash field 'q' (absent: 'default').
 -- Returns  {taken, next_due_ms, now_ms}: IDs taken off the ZSET (call again while taken ==
 --          limit); next_due_ms is -1 when nothing is scheduled; now_ms is the now compared with
 --          run-at (the caller sleeps until next_due_ms by the shard's clock, not its own)
 local now, limit = shard_now(ARGV[1]), tonumber(ARGV[2])
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+local ahead = math.max(0, tonumber(ARGV[3] or '0') or 0)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now + ahead, 'LIMIT', 0, limit)
 local promoted = 0
 for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[2], id)

@@ -47,6 +47,13 @@ async def work(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     return {"n": payload.get("n"), "attempt": ctx.attempt, "pid": os.getpid()}
 
 
+@handler("test.clock")
+async def clock(ctx: Context, payload: Any) -> dict[str, Any]:
+    """When its run started, by this process' wall clock (unix ms)."""
+    _note_execution(ctx.request_id)
+    return {"started_ms": time.time() * 1000}
+
+
 @handler("test.sync")
 def sync_work(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     time.sleep(payload.get("ms", 0) / 1000)
