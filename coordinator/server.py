@@ -345,6 +345,7 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    config.freeze_startup_heap()
     await stop.wait()
     log.info("shutting down: draining in-flight calls for up to %.1fs", args.shutdown_grace_s)
     await health_servicer.enter_graceful_shutdown()

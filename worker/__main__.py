@@ -146,6 +146,7 @@ async def run(args: argparse.Namespace) -> None:
         ", ".join(settings.queues),
         ", ".join(sorted(specs)),
     )
+    config.freeze_startup_heap()
     try:
         await serve(
             worker,

@@ -10,6 +10,7 @@ docs/configuration.md lists them all.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -242,6 +243,16 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
+
+
+def freeze_startup_heap() -> None:
+    """Leave the objects made so far (modules, handlers, clients) out of every later garbage
+    collection. A full collection walks every tracked object: ~64 ms for a worker's ~95k at
+    start (measured on the 2-core bench machine), paused in the middle of the event loop,
+    which made a delayed job's start or a submit that much late now and then. These objects
+    live as long as the process; what is made afterwards is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def setup_logging(level: str) -> None:
