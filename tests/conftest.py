@@ -7,6 +7,7 @@ fails saying why (tests/preflight.py first), never skips.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import importlib.abc
 import os
@@ -22,6 +23,9 @@ from redis.asyncio import Redis
 
 from shardq.coordinator.tools.redis_server import RedisProcess
 from shardq.shard import FakeClock, ShardClient, ShardSettings
+from shardq.store.db import psycopg_dsn
+from shardq.store.migrate import upgrade
+from shardq.store.results import ResultStore
 from tests.support.postgres import sqlalchemy_url, throwaway_database
 
 # The `shardq` command falls back to a running `shardq dev`'s env file; a developer's own dev
@@ -87,3 +91,12 @@ def database_url() -> Iterator[str]:
     """A SQLAlchemy URL (postgresql+psycopg) of a database made for this test alone."""
     with throwaway_database() as url:
         yield sqlalchemy_url(url)
+
+
+@pytest.fixture
+async def result_store(database_url: str) -> AsyncIterator[ResultStore]:
+    """The results store (``ResultStore``) on ``database_url``, migrated."""
+    await asyncio.to_thread(upgrade, database_url)
+    s = ResultStore(psycopg_dsn(database_url))
+    yield s
+    await s.close()

@@ -20,7 +20,6 @@ from shardq.shard import Failure, FakeClock, NewJob, ShardClient
 from shardq.shard.keys import Keys
 from shardq.shard.precheck import Prechecker, PrecheckSettings
 from shardq.store.db import psycopg_dsn
-from shardq.store.migrate import upgrade
 from shardq.store.results import ResultRow, ResultStore
 from tests.support import handlers
 from tests.support.cluster import Cluster, running_cluster
@@ -28,14 +27,6 @@ from tests.support.shard import LEASE, NOW, job
 from tests.support.workers import result_rows, running_worker
 
 AHEAD = PrecheckSettings().ahead_ms
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[ResultStore]:
-    await asyncio.to_thread(upgrade, database_url)
-    s = ResultStore(psycopg_dsn(database_url))
-    yield s
-    await s.close()
 
 
 def row(tenant: str, request_id: str, status: str = "succeeded") -> ResultRow:
@@ -59,9 +50,9 @@ def count(pre: Prechecker, result: str) -> float:
 
 
 async def test_a_walk_marks_the_delayed_jobs_due_soon_that_no_final_row_answers_for(
-    shard: ShardClient, redis: Redis, store: ResultStore
+    shard: ShardClient, redis: Redis, result_store: ResultStore
 ) -> None:
-    await store.write([row("acme", "rDONE"), row("acme", "rDEAD", "dead")])
+    await result_store.write([row("acme", "rDONE"), row("acme", "rDEAD", "dead")])
     await shard.enqueue(
         [
             job("SOON", delay_ms=AHEAD // 2),
@@ -71,7 +62,7 @@ async def test_a_walk_marks_the_delayed_jobs_due_soon_that_no_final_row_answers_
             job("NOW"),  # ready already: its worker looks it up
         ]
     )
-    pre = Prechecker(shard, store)
+    pre = Prechecker(shard, result_store)
     await pre.walk()
     prefix = shard.settings.key_prefix
     assert await marked(redis, prefix, "SOON", "DONE", "DEAD", "LATER", "NOW") == {
@@ -84,22 +75,22 @@ async def test_a_walk_marks_the_delayed_jobs_due_soon_that_no_final_row_answers_
 
 
 async def test_a_walk_goes_through_more_equal_run_ats_than_one_call_reads(
-    shard: ShardClient, redis: Redis, store: ResultStore
+    shard: ShardClient, redis: Redis, result_store: ResultStore
 ) -> None:
     jids = [f"J{i}" for i in range(11)]
     await shard.enqueue([job(j, run_at_ms=NOW + 500) for j in jids])
     await shard.enqueue([job("K", run_at_ms=NOW + 501)])
-    pre = Prechecker(shard, store, PrecheckSettings(batch=3))
+    pre = Prechecker(shard, result_store, PrecheckSettings(batch=3))
     await pre.walk()
     assert all((await marked(redis, shard.settings.key_prefix, *jids, "K")).values())
     assert count(pre, "clean") == 12
 
 
 async def test_a_job_claimed_once_is_neither_listed_nor_marked_and_its_next_claim_looks_up(
-    shard: ShardClient, redis: Redis, clock: FakeClock, store: ResultStore
+    shard: ShardClient, redis: Redis, clock: FakeClock, result_store: ResultStore
 ) -> None:
     await shard.enqueue([job("J1", delay_ms=100)])
-    await Prechecker(shard, store).walk()
+    await Prechecker(shard, result_store).walk()
     clock.advance(100)
     await shard.promote()
     (first,) = await shard.claim("w1", 1, LEASE)
@@ -122,7 +113,7 @@ async def test_an_unmarked_job_is_claimed_unchecked(shard: ShardClient) -> None:
 
 
 async def test_a_failing_database_leaves_jobs_unmarked_and_the_next_pass_marks_them(
-    shard: ShardClient, redis: Redis, store: ResultStore
+    shard: ShardClient, redis: Redis, result_store: ResultStore
 ) -> None:
     await shard.enqueue([job("J1", delay_ms=500)])
     down = ResultStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
@@ -131,7 +122,7 @@ async def test_a_failing_database_leaves_jobs_unmarked_and_the_next_pass_marks_t
             await Prechecker(shard, down).walk()
     finally:
         await down.close()
-    pre = Prechecker(shard, store)
+    pre = Prechecker(shard, result_store)
     assert not (await marked(redis, shard.settings.key_prefix, "J1"))["J1"]
     await pre.walk()
     assert (await marked(redis, shard.settings.key_prefix, "J1"))["J1"]

@@ -23,7 +23,6 @@ from shardq.shard import FakeClock, Lease, ShardClient
 from shardq.shard.records import JobState
 from shardq.shard.rows import RowSettings, TerminalRows
 from shardq.store.db import make_engine, psycopg_dsn, results
-from shardq.store.migrate import upgrade
 from shardq.store.results import ResultRow, ResultStore, write_in_session
 from shardq.v1 import common_pb2
 from tests.chaos.test_worker_chaos import active_jobs_of
@@ -35,16 +34,8 @@ from tests.support.workers import result_rows, shard_loops, wait_for_rows
 
 
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[ResultStore]:
-    await asyncio.to_thread(upgrade, database_url)
-    s = ResultStore(psycopg_dsn(database_url))
-    yield s
-    await s.close()
-
-
-@pytest.fixture
-def rows(shard: ShardClient, store: ResultStore) -> TerminalRows:
-    return TerminalRows(shard, store, shard_id=3)
+def rows(shard: ShardClient, result_store: ResultStore) -> TerminalRows:
+    return TerminalRows(shard, result_store, shard_id=3)
 
 
 async def rows_of(database_url: str) -> dict[str, dict[str, Any]]:
@@ -134,12 +125,12 @@ async def test_a_job_cancelled_before_it_ran_gets_one_cancelled_row(
 
 
 async def test_a_lost_ack_after_a_committed_success_ends_succeeded_in_redis_and_postgres(
-    shard: ShardClient, redis: Redis, clock: FakeClock, rows: TerminalRows, store: ResultStore,
-    database_url: str,
+    shard: ShardClient, redis: Redis, clock: FakeClock, rows: TerminalRows,
+    result_store: ResultStore, database_url: str,
 ) -> None:  # fmt: skip
     (c,) = await claimed(shard, redis, job("J1", max_attempts=1))
     # The worker commits its row, then dies before its ack reaches Redis.
-    await store.write([row("rJ1", "succeeded", fence=c.fence)])
+    await result_store.write([row("rJ1", "succeeded", fence=c.fence)])
     clock.advance(LEASE)
     assert await shard.reap() == (0, 1)
     assert (await shard.get_job("acme", "J1")).state is JobState.DEAD
@@ -156,10 +147,14 @@ async def test_a_lost_ack_after_a_committed_success_ends_succeeded_in_redis_and_
 
 
 async def test_a_cancel_that_wins_over_the_ack_of_a_committed_success_ends_succeeded(
-    shard: ShardClient, redis: Redis, rows: TerminalRows, store: ResultStore, database_url: str
+    shard: ShardClient,
+    redis: Redis,
+    rows: TerminalRows,
+    result_store: ResultStore,
+    database_url: str,
 ) -> None:
     (c,) = await claimed(shard, redis, job("J1"))
-    await store.write([row("rJ1", "succeeded", fence=c.fence)])
+    await result_store.write([row("rJ1", "succeeded", fence=c.fence)])
     await shard.cancel("acme", "J1")  # after the commit, before the ack
     await shard.ack([Lease("J1", c.fence)])
     assert (await shard.get_job("acme", "J1")).state is JobState.CANCELLED
@@ -207,7 +202,7 @@ async def wait_for(cond: Callable[[], Awaitable[bool]], timeout_s: float = 30) -
 
 
 async def test_rows_of_jobs_dead_lettered_while_postgres_is_away_appear_once_it_returns(
-    shard: ShardClient, redis: Redis, clock: FakeClock, store: ResultStore, database_url: str
+    shard: ShardClient, redis: Redis, clock: FakeClock, result_store: ResultStore, database_url: str
 ) -> None:
     async with proxied_database(database_url) as (proxy, through_proxy):
         cut_store = ResultStore(psycopg_dsn(through_proxy))
@@ -246,14 +241,14 @@ async def _true(value: bool) -> bool:
 
 
 async def test_the_reconciler_writes_a_missing_row_and_fixes_redis_where_the_row_disagrees(
-    shard: ShardClient, redis: Redis, clock: FakeClock, rows: TerminalRows, store: ResultStore,
-    database_url: str,
+    shard: ShardClient, redis: Redis, clock: FakeClock, rows: TerminalRows,
+    result_store: ResultStore, database_url: str,
 ) -> None:  # fmt: skip
     await reaped_dead(shard, redis, clock, "J1", "J2", "J3")
     # Made by hand: the outbox lost (as on a shard of an earlier version), J2's row committed
     # as succeeded (a lost ack), J3's row there already.
     await redis.delete("sq:outbox")
-    await store.write([row("rJ2", "succeeded", "J2"), row("rJ3", "dead", "J3")])
+    await result_store.write([row("rJ2", "succeeded", "J2"), row("rJ3", "dead", "J3")])
     assert await rows.reconciler.step() == 3
     found = await rows_of(database_url)
     assert {k: r["status"] for k, r in found.items()} == {
@@ -270,11 +265,11 @@ async def test_the_reconciler_writes_a_missing_row_and_fixes_redis_where_the_row
 
 
 async def test_a_reconciler_pass_compares_at_most_its_batch_and_moves_on(
-    shard: ShardClient, redis: Redis, clock: FakeClock, store: ResultStore, database_url: str
+    shard: ShardClient, redis: Redis, clock: FakeClock, result_store: ResultStore, database_url: str
 ) -> None:
     await reaped_dead(shard, redis, clock, *(f"J{n}" for n in range(5)))
     await redis.delete("sq:outbox")
-    small = TerminalRows(shard, store, 0, RowSettings(reconcile_batch=2))
+    small = TerminalRows(shard, result_store, 0, RowSettings(reconcile_batch=2))
     assert [await small.reconciler.step() for _ in range(3)] == [2, 2, 1]
     assert len(await rows_of(database_url)) == 5
 
@@ -293,11 +288,11 @@ async def test_the_reconciler_leaves_jobs_on_the_outbox_to_the_drain(
 Write = Callable[[ResultStore, str, ResultRow], Awaitable[None]]
 
 
-async def _batch(store: ResultStore, url: str, r: ResultRow) -> None:
-    await store.write([r])
+async def _batch(result_store: ResultStore, url: str, r: ResultRow) -> None:
+    await result_store.write([r])
 
 
-async def _in_session(store: ResultStore, url: str, r: ResultRow) -> None:
+async def _in_session(result_store: ResultStore, url: str, r: ResultRow) -> None:
     engine = make_engine(url)
     try:
         async with AsyncSession(engine) as session:
@@ -313,10 +308,10 @@ WRITES = pytest.mark.parametrize("write", [_batch, _in_session], ids=["batch", "
 @pytest.mark.parametrize("first", ["succeeded", "cancelled"])
 @pytest.mark.parametrize("late", ["succeeded", "dead", "cancelled"])
 async def test_a_final_row_is_never_replaced_by_a_late_or_duplicate_write(
-    store: ResultStore, database_url: str, write: Write, first: str, late: str
+    result_store: ResultStore, database_url: str, write: Write, first: str, late: str
 ) -> None:
-    await write(store, database_url, row("r1", first, "J1", worker_id="first"))
-    await write(store, database_url, row("r1", late, "J2", worker_id="late", fence=9))
+    await write(result_store, database_url, row("r1", first, "J1", worker_id="first"))
+    await write(result_store, database_url, row("r1", late, "J2", worker_id="late", fence=9))
     r = (await rows_of(database_url))["r1"]
     assert (r["status"], r["job_id"], r["worker_id"], r["fence"]) == (first, "J1", "first", 1)
 
@@ -324,10 +319,10 @@ async def test_a_final_row_is_never_replaced_by_a_late_or_duplicate_write(
 @WRITES
 @pytest.mark.parametrize("then", ["succeeded", "cancelled", "dead"])
 async def test_a_dead_row_is_replaced_by_the_next_end_of_the_requeued_job(
-    store: ResultStore, database_url: str, write: Write, then: str
+    result_store: ResultStore, database_url: str, write: Write, then: str
 ) -> None:
-    await write(store, database_url, row("r1", "dead", error="boom"))
-    await write(store, database_url, row("r1", then, attempts=2, fence=7, error=None))
+    await write(result_store, database_url, row("r1", "dead", error="boom"))
+    await write(result_store, database_url, row("r1", then, attempts=2, fence=7, error=None))
     r = (await rows_of(database_url))["r1"]
     assert (r["status"], r["attempts"], r["fence"], r["error"]) == (then, 2, 7, None)
     assert r["result"] == {"by": then}

@@ -17,20 +17,14 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from shardq.store.db import results
-
-
-def _ts(ms: int) -> datetime | None:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,49 +51,6 @@ class ResultRow:
     #: None when it reported none.
     progress: Any = None
 
-    def values(self) -> dict[str, Any]:
-        return {
-            "tenant_id": self.tenant_id,
-            "request_id": self.request_id,
-            "job_id": self.job_id,
-            "shard_id": self.shard_id,
-            "handler": self.handler,
-            "status": self.status,
-            "result": self.result,
-            "error": storable(self.error),
-            "attempts": self.attempts,
-            "fence": self.fence,
-            "worker_id": self.worker_id,
-            "queued_at": _ts(self.queued_ms),
-            "started_at": _ts(self.started_ms),
-            "finished_at": _ts(self.finished_ms),
-            # SQL NULL for none, as the batch statement writes it (JSONB would store null).
-            "progress": sa.null() if self.progress is None else self.progress,
-        }
-
-
-def upsert(rows: Sequence[ResultRow]) -> sa.Insert:
-    """One statement for many rows; only a ``dead`` row may be replaced."""
-    stmt = insert(results).values([r.values() for r in rows])
-    excluded = stmt.excluded
-    return stmt.on_conflict_do_update(
-        index_elements=[results.c.tenant_id, results.c.request_id],
-        set_={
-            "job_id": excluded.job_id,
-            "shard_id": excluded.shard_id,
-            "status": excluded.status,
-            "result": excluded.result,
-            "error": excluded.error,
-            "attempts": excluded.attempts,
-            "fence": excluded.fence,
-            "worker_id": excluded.worker_id,
-            "started_at": excluded.started_at,
-            "finished_at": excluded.finished_at,
-            "progress": excluded.progress,
-        },
-        where=results.c.status == "dead",
-    )
-
 
 #: Columns of a result row, and the ones a replaced ``dead`` row takes from the new one.
 _COLUMNS = (
@@ -108,25 +59,31 @@ _COLUMNS = (
 )  # fmt: skip
 _KEPT = ("tenant_id", "request_id", "handler", "queued_at")
 _SET = ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS if c not in _KEPT)
-#: The batch upsert as one fixed statement over one JSON parameter (the rows), not a multi-row
+#: The upsert as one fixed statement over one JSON parameter (the rows), not a multi-row
 #: VALUES statement: nothing to compile per batch (in the profile of a drain, compiling and
 #: converting the VALUES statement, whose text changes with every batch size, took most of a
 #: worker's CPU), and one ``json.dumps`` in C where 15 array parameters cost psycopg a Python
-#: dump per value (25 us of the worker's CPU per row: ``bench/op_costs.py``). Same rule as
-#: :func:`upsert`: only a ``dead`` row is replaced. Times travel as unix ms (0 = NULL) to spare
-#: building datetime objects; ``res`` and ``pg`` as JSON text (``res`` "null" for None: JSON
-#: null, as SQLAlchemy's JSONB type stores it; ``pg`` null: SQL NULL, never reported).
-_UPSERT_MANY = f"""
+#: dump per value (25 us of the worker's CPU per row: ``bench/op_costs.py``). Only a ``dead``
+#: row is replaced. Times travel as unix ms (0 = NULL) to spare building datetime objects;
+#: ``res`` and ``pg`` as JSON text (``res`` "null" for None: JSON null; ``pg`` null: SQL NULL,
+#: never reported). ``{rows}`` is the parameter as the driver spells it: psycopg's own for the
+#: worker's batches, SQLAlchemy's in a handler's session (a CAST, as ``:rows::json`` would not
+#: be read as a parameter there).
+_UPSERT = f"""
 INSERT INTO shardq_results ({", ".join(_COLUMNS)})
 SELECT t, r, j, s, h, st, res::jsonb, e, a, f, w,
        to_timestamp(NULLIF(q, 0) / 1000.0), to_timestamp(NULLIF(sa, 0) / 1000.0),
-       to_timestamp(fa / 1000.0), pg::jsonb
-FROM json_to_recordset(%(rows)s::json)
+       to_timestamp(NULLIF(fa, 0) / 1000.0), pg::jsonb
+FROM json_to_recordset(CAST({{rows}} AS json))
      AS u(t text, r text, j text, s int, h text, st text, res text, e text, a int, f bigint,
           w text, q bigint, sa bigint, fa bigint, pg text)
 ON CONFLICT (tenant_id, request_id) DO UPDATE SET {_SET}
 WHERE shardq_results.status = 'dead'
 """
+_UPSERT_MANY = _UPSERT.format(rows="%(rows)s")
+#: One row in a handler's own transaction: returns it when written, nothing when a final row
+#: refused it (rowcount is not told through every driver path).
+_UPSERT_RETURNING = sa.text(_UPSERT.format(rows=":rows") + "RETURNING shardq_results.status")
 _STATUSES = """
 SELECT tenant_id, request_id, status FROM shardq_results
 WHERE (tenant_id, request_id) IN (SELECT * FROM unnest(%(t)s::text[], %(r)s::text[]))
@@ -242,7 +199,7 @@ async def write_in_session(session: AsyncSession, row: ResultRow) -> bool:
     job's row is already final (another run recorded it: this one lost its lease and finished
     before it was stopped), the upsert changes nothing and the handler's writes are rolled
     back with it, so they never commit twice: False."""
-    if (await session.execute(_upsert_returning(row))).first() is None:
+    if (await session.execute(_UPSERT_RETURNING, _rows_param([row]))).first() is None:
         await session.rollback()
         return False
     await session.commit()
@@ -251,17 +208,11 @@ async def write_in_session(session: AsyncSession, row: ResultRow) -> bool:
 
 def write_in_sync_session(session: Session, row: ResultRow) -> bool:
     """:func:`write_in_session` for a thread handler's session."""
-    if session.execute(_upsert_returning(row)).first() is None:
+    if session.execute(_UPSERT_RETURNING, _rows_param([row])).first() is None:
         session.rollback()
         return False
     session.commit()
     return True
-
-
-def _upsert_returning(row: ResultRow) -> sa.Insert:
-    """:func:`upsert` of one row that returns it when written, nothing when a final row
-    refused it (rowcount is not told through every driver path)."""
-    return upsert([row]).returning(results.c.status)
 
 
 #: The NUL character as JSON writes it: ``\u0000`` after an even number of backslashes (after
