@@ -80,7 +80,11 @@ FULL_HASH: dict[bytes, bytes] = {
 ENTRY_RE = re.compile(r"^--\s+j=(\d+)\s+(\w+)\s+\([^)]*\)\s*(?:(?:->|<-) '(\w+)')?", re.MULTILINE)
 
 #: Record attributes whose hash field is named otherwise (a claim answers the attempt number).
-HASH_FIELD_OF = {"attempt": JobField.ATTEMPTS}
+HASH_FIELD_OF = {
+    "attempt": JobField.ATTEMPTS,
+    # The claim's own time, not 'sa': a job promoted ahead gets its run-at as 'sa'.
+    "started_at_ms": None,
+}
 
 
 def lua(name: str) -> str:
