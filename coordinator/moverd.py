@@ -218,8 +218,11 @@ class MoverDaemon:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.lease.release()
-        await self.shards.close()
+        try:
+            await self.lease.release()
+        finally:
+            # Postgres away at the release must not leave the shards' connections open.
+            await self.shards.close()
 
     async def _loop(self) -> None:
         while True:

@@ -116,6 +116,10 @@ class ShardPool:
         self.redis_password = redis_password
         self.settings = settings
         self._clients: dict[int, tuple[str, ShardClient, Coalescer]] = {}
+        #: Closes of the clients a map change replaced, still under way: close() waits for
+        #: them, or a coordinator stopped right after a change would leave their connections
+        #: open on a closed event loop.
+        self._closing: set[asyncio.Task[None]] = set()
 
     def update(self, smap: ShardMap) -> None:
         """Follow ``smap``: a client for each new shard, a new client for a shard whose address
@@ -134,7 +138,9 @@ class ShardPool:
                 if current is not None:
                     old.append(current)
         for _, client, coalescer in old:
-            asyncio.get_running_loop().create_task(_close(client, coalescer))
+            task = asyncio.get_running_loop().create_task(_close(client, coalescer))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def get(self, shard_id: int) -> tuple[ShardClient, Coalescer]:
         try:
@@ -147,7 +153,9 @@ class ShardPool:
         return {sid: c for sid, (_, c, _) in self._clients.items()}
 
     async def close(self) -> None:
-        await asyncio.gather(*(_close(c, co) for _, c, co in self._clients.values()))
+        await asyncio.gather(
+            *self._closing, *(_close(c, co) for _, c, co in self._clients.values())
+        )
         self._clients.clear()
 
 
