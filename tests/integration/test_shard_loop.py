@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -29,19 +30,23 @@ def job(request_id: str, **kw: Any) -> NewJob:
     return NewJob(tenant="acme", handler="h", payload=b"{}", request_id=request_id, **kw)
 
 
-@pytest.fixture
-async def running_loop(redis: Redis) -> AsyncIterator[ShardLoop]:
+@asynccontextmanager
+async def loop_running(redis: Redis, **settings: Any) -> AsyncIterator[ShardLoop]:
     # A long idle cap: anything the loop does early must come from a wake-up, not a poll.
-    loop = ShardLoop(
-        ShardClient(redis, SETTINGS),
-        LoopSettings(leader_ttl_ms=1_000, reap_interval_ms=100, max_idle_ms=60_000),
-    )
+    kw: dict[str, Any] = {"leader_ttl_ms": 1_000, "reap_interval_ms": 100, "max_idle_ms": 60_000}
+    loop = ShardLoop(ShardClient(redis, SETTINGS), LoopSettings(**(kw | settings)))
     task = asyncio.create_task(loop.run())
     try:
         yield loop
     finally:
         loop.stop()
         await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def running_loop(redis: Redis) -> AsyncIterator[ShardLoop]:
+    async with loop_running(redis) as loop:
+        yield loop
 
 
 async def wait_for_state(shard: ShardClient, job_id: str, state: str, timeout_s: float) -> None:
@@ -51,36 +56,19 @@ async def wait_for_state(shard: ShardClient, job_id: str, state: str, timeout_s:
         await asyncio.sleep(0.005)
 
 
-async def test_a_delayed_job_is_promoted_after_its_time_and_not_before(redis: Redis) -> None:
-    loop = ShardLoop(
-        ShardClient(redis, SETTINGS),
-        LoopSettings(leader_ttl_ms=1_000, max_idle_ms=60_000, promote_ahead_ms=0),
-    )
-    task = asyncio.create_task(loop.run())
-    try:
+@pytest.mark.parametrize("ahead", [0, LoopSettings().promote_ahead_ms])
+async def test_a_delayed_job_is_promoted_its_ahead_before_its_time_and_not_sooner(
+    redis: Redis, ahead: int
+) -> None:
+    # Promoted ahead (LoopSettings.promote_ahead_ms, 0: on its run-at), so that its worker
+    # claims it before its run-at and starts it on it (tests/integration/test_promote_ahead.py).
+    async with loop_running(redis, promote_ahead_ms=ahead) as loop:
         shard = ShardClient(redis, SETTINGS)
         (res,) = await shard.enqueue([job("r1", delay_ms=300)])
         run_at = (await shard.get_job("acme", res.job_id)).run_at_ms
         await wait_for_state(shard, res.job_id, "ready", timeout_s=10)
-        assert SystemClock().now_ms() >= run_at
+        assert SystemClock().now_ms() >= run_at - ahead
         assert loop.role == "leader"
-    finally:
-        loop.stop()
-        await asyncio.wait_for(task, 10)
-
-
-async def test_a_delayed_job_is_promoted_its_ahead_before_its_time_and_not_sooner(
-    redis: Redis, running_loop: ShardLoop
-) -> None:
-    # Promoted ahead (LoopSettings.promote_ahead_ms), so that its worker claims it before
-    # its run-at and starts it on it (tests/integration/test_promote_ahead.py).
-    ahead = running_loop.settings.promote_ahead_ms
-    assert ahead > 0
-    shard = ShardClient(redis, SETTINGS)
-    (res,) = await shard.enqueue([job("r1", delay_ms=300)])
-    run_at = (await shard.get_job("acme", res.job_id)).run_at_ms
-    await wait_for_state(shard, res.job_id, "ready", timeout_s=10)
-    assert SystemClock().now_ms() >= run_at - ahead
 
 
 async def test_an_earlier_job_wakes_a_loop_sleeping_until_a_later_one(
