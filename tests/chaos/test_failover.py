@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from shardq.client import RetryPolicy
 from shardq.common.errors import ShardqError, Unavailable
-from shardq.common.redis import Durability, NotReplicated, redis_for
+from shardq.common.redis import MASTER_CHECK_INTERVAL_S, Durability, NotReplicated, redis_for
 from shardq.coordinator import cli
 from shardq.coordinator.app import Coordinator, CoordinatorSettings
 from shardq.coordinator.server import build_server
@@ -540,3 +540,82 @@ async def test_the_identity_marker_is_waited_for_like_any_write(
     finally:
         replica.send_signal(signal.SIGCONT)
     await checker.mark(group.address, 0)  # confirmed once the replica answers
+
+
+async def _calls(port: int, command: str) -> int:
+    stats = await _info(port, "commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_after_a_failover_the_pool_sends_nothing_to_an_old_primary_left_up(
+    groups: list[ShardGroup],
+) -> None:
+    """A switch that leaves the old primary up and reachable by shardq but not demoted by the
+    sentinels (here its CLIENT command is renamed, so their MULTI ... REPLICAOF ... CLIENT
+    KILL fails on it and it stays a primary with its clients open, as one cut off from them
+    would): once the pool has asked the sentinels again, no command of its reaches the old
+    primary, neither on its idle connections nor on one that was in use at the switch."""
+    group = await start_group(
+        "shard-pool", replicas=1, fence=False, primary_args=["--rename-command", "CLIENT", ""]
+    )
+    groups.append(group)
+    client = redis_for(group.address, "")
+    pool: Any = client.connection_pool
+    try:
+        await client.set("k", "v")
+        await asyncio.gather(*(client.get("k") for _ in range(8)))  # a few idle connections
+        held = await pool.get_connection()  # and one in use across the switch
+        old_port = group.primary.port
+        assert pool.master_address == ("127.0.0.1", old_port)
+
+        async def failover() -> bool:
+            async with _client(group.sentinels[0].port) as s:
+                return bool(await s.execute_command("SENTINEL", "FAILOVER", group.name))
+
+        await _wait_for("a failover to start", failover)
+        new_port = await _promoted(group, old_port)
+
+        async def every_sentinel_names_it() -> bool:
+            for s in group.sentinels:
+                async with _client(s.port) as r:
+                    _, port = await r.execute_command(
+                        "SENTINEL", "GET-MASTER-ADDR-BY-NAME", group.name
+                    )
+                if int(port) != new_port:
+                    return False
+            return True
+
+        await _wait_for("every sentinel to name the new primary", every_sentinel_names_it)
+        # The pool has not been used since before the switch; past the interval, its next
+        # handout asks the sentinels.
+        await asyncio.sleep(MASTER_CHECK_INTERVAL_S)
+        await pool.release(held)
+        assert (await _info(old_port))["role"] == "master"  # still up, still answering
+        before = await _calls(old_port, "get")
+        assert await asyncio.gather(*(client.get("k") for _ in range(20))) == [b"v"] * 20
+        assert await _calls(old_port, "get") == before
+        assert pool.master_address == ("127.0.0.1", new_port)
+        assert await _calls(new_port, "get") >= 20
+    finally:
+        await client.aclose()
+
+
+async def test_with_every_sentinel_down_the_pool_keeps_the_primary_it_knows(
+    groups: list[ShardGroup],
+) -> None:
+    """The pool's regular question to the sentinels is not a dependency of every command: with
+    no sentinel answering (none can fail the shard over either), commands go on reaching the
+    primary it knows over the connections it holds."""
+    group = await start_group("shard-nosentinel", replicas=1, fence=False)
+    groups.append(group)
+    client = redis_for(group.address, "")
+    try:
+        await client.set("k", "v")
+        for sentinel in group.sentinels:
+            sentinel.kill()
+        await asyncio.sleep(MASTER_CHECK_INTERVAL_S)  # the next call asks, and nobody answers
+        assert await client.get("k") == b"v"
+        await client.set("k", "w")
+        assert await client.get("k") == b"w"
+    finally:
+        await client.aclose()

@@ -4,22 +4,30 @@ loop, CLI).
 A shard's address is either one Redis, ``host:port``, or a Redis Sentinel group that watches a
 primary and its replicas, ``sentinel://h1:26379,h2:26379,h3:26379/shard-0`` (the master's name
 after the slash). For the second, every connection asks the sentinels which Redis is the
-primary now, and a connection that finds it gone (refused, reset) or demoted (a
-``READONLY`` reply) is dropped and asks again: a failover is followed without a restart or a
-map change.
+primary now, a pool in use asks them again at least once a second (``MASTER_CHECK_INTERVAL_S``)
+and then hands out no connection to a Redis they no longer name, and a connection that finds
+it gone (refused, reset) or demoted (a ``READONLY`` reply) is dropped and asks again: a
+failover is followed without a restart or a map change.
 The shard's password (``--redis-password``) is given to the sentinels too.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import hiredis
 from redis.asyncio import Redis
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import DataError, RedisError
 from redis.typing import EncodableT
@@ -29,6 +37,10 @@ from shardq.common.errors import InvalidArgument, Unavailable
 SENTINEL_SCHEME = "sentinel://"
 #: The sentinels' port when an address leaves it out (Redis Sentinel's own default).
 SENTINEL_PORT = 26379
+#: The longest a pool on a Sentinel group goes, while in use, without asking the sentinels
+#: which Redis is the primary: how long a primary they replaced but could not demote (cut off
+#: from them, not from shardq) may still get shardq's commands.
+MASTER_CHECK_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +134,53 @@ class ShardSentinelConnection(_HiredisPacking, SentinelManagedConnection):
 
 
 class _ShardSentinelPool(SentinelConnectionPool):
-    """A sentinel-backed pool that also closes its sentinels' connections when closed.
+    """A sentinel-backed pool that leaves an old primary once the sentinels name another, and
+    closes its sentinels' connections when closed.
 
-    It follows a failover as redis-py's does: a connection asks the sentinels for the primary
-    when it connects, and one that breaks or meets READONLY is dropped and asks again. (A
-    pool that also listened to ``+switch-master`` made the failover chaos test flaky on a
-    fresh machine — sentinel connections left open, submits refused past their retries —
-    and was taken back out: docs/operating.md, issue #18.)"""
+    redis-py's pool asks the sentinels only when it opens a connection, and drops a connection
+    only when it breaks or meets READONLY. A failover whose old primary the sentinels could not
+    demote (cut off from them, not from shardq) left every open connection on it: reads of
+    stale data, and writes to a primary nobody else follows. So when it hands out a connection
+    the pool also asks the sentinels, if ``MASTER_CHECK_INTERVAL_S`` has passed since it last
+    did, and a connection to any other Redis than the one they name is closed first (it
+    reconnects to the primary). The question is asked in line, by the call that finds it due
+    (the calls handed a connection meanwhile wait for the answer), not by a background task:
+    a pool that listened to ``+switch-master`` in a task of its own left sentinel connections
+    open behind closed pools, and was taken out (issue #18)."""
+
+    def __init__(self, service_name: str, sentinel_manager: Sentinel, **kwargs: Any) -> None:
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        #: When (time.monotonic()) the next handout asks the sentinels again.
+        self._check_due = 0.0
+        self._check_lock = asyncio.Lock()
+
+    async def get_master_address(self) -> tuple[str, int]:
+        # Every connect asks too (redis-py's SentinelManagedConnection): that counts as a check.
+        address: tuple[str, int] = await super().get_master_address()  # type: ignore[no-untyped-call]
+        self._check_due = time.monotonic() + MASTER_CHECK_INTERVAL_S
+        return address
+
+    async def ensure_connection(self, connection: AbstractConnection) -> None:
+        if time.monotonic() >= self._check_due:
+            # One call asks; the calls handed a connection meanwhile wait for its answer (else
+            # they would go on to a primary the answer may be about to leave).
+            async with self._check_lock:
+                if time.monotonic() >= self._check_due:
+                    try:
+                        await self.get_master_address()  # a switch drops the idle connections
+                    except MasterNotFoundError:
+                        # No sentinel answers: none can have switched the primary either, so
+                        # the one known stays in use (a new connection still needs them).
+                        self._check_due = time.monotonic() + MASTER_CHECK_INTERVAL_S
+        known = self.master_address
+        if (
+            known is not None
+            and connection.is_connected
+            and (getattr(connection, "host", None), getattr(connection, "port", None)) != known
+        ):
+            # In use at the switch (idle ones were dropped then): to a Redis no longer primary.
+            await connection.disconnect()
+        await super().ensure_connection(connection)
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
         await super().disconnect(inuse_connections)
