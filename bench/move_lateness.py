@@ -7,9 +7,13 @@ A real cluster (``bench/shardq_bench.py``'s ``Cluster``: a database of its own o
 Postgres, ``shardq migrate`` / ``shards init`` / ``tokens create``, one ``shardq-shard`` loop
 per shard, one ``shardq-coordinator`` that runs the moves, ``WORKERS`` × ``shardq-worker``
 with the bench's no-op handler) on two redis-server processes of its own. Tenants ``move-0``..
-are pinned to shard 0 and each gets ``--jobs`` delayed jobs due evenly over its own slot of
-``--slot-s`` seconds; background tenants ``load-0`` (shard 0) and ``load-1`` (shard 1)
-submit ``--load-per-s`` jobs/s each, and every moving tenant keeps submitting ``--busy-per-s``
+are pinned to shard 0, and a control tenant ``stay-1`` to shard 1 (the target), which it never
+leaves. Each of them gets ``--jobs`` delayed jobs per ``--due-span-s`` seconds, due evenly
+from the first move's slot to one slot past the last: whenever a move starts, its tenant has
+jobs coming due through it, and the control tells a move's lateness apart from what the same
+load does to a tenant that does not move. Background tenants ``load-0`` (shard 0) and
+``load-1`` (shard 1) submit ``--load-per-s`` and ``--load1-per-s`` jobs/s (``load-0`` also
+``--unary-per-s`` unary calls), and every moving tenant keeps submitting ``--busy-per-s``
 jobs to run at once, all the while. At the start of its slot each moving tenant is moved to
 shard 1 (``shardq tenants move TENANT 1 --yes``, run by the coordinator's mover), one after
 another.
@@ -18,7 +22,8 @@ A move lasts from its row appearing in ``shardq_moves`` to the row's removal (po
 5 ms): what ``shardq moves list`` shows. Lateness is start − run_at, the start taken in the
 worker by the handler's start record (``bench/peers/_common.py``), for the moving tenant's
 delayed jobs due within its move. Lost: submitted jobs never started; duplicates: jobs that
-started twice (both over every job of the run).
+started twice (both over every job of the run). ``control_lateness``: the same for ``stay-1``'s
+jobs due within the move.
 """
 
 from __future__ import annotations
@@ -209,6 +214,8 @@ async def unary_producer(
 
 
 NUMBERS = itertools.count(NOW_BASE)
+#: The tenant that stays on shard 1 (the target) with delayed jobs due all along: the control.
+CONTROL = "stay-1"
 
 
 def move(cluster: Cluster, tenant: str) -> subprocess.Popen[bytes]:
@@ -223,14 +230,14 @@ def move(cluster: Cluster, tenant: str) -> subprocess.Popen[bytes]:
 
 def run_once(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     movers = [f"move-{k}" for k in range(args.tenants)]
-    loads = ["load-0", "load-1"]
+    loads = ["load-0", "load-1", CONTROL]
     redis = [RedisProcess(appendonly=False).start() for _ in range(2)]
     req = {
         "workdir": workdir,
         "postgres_url": args.postgres_url,
         "params": {},
     }
-    pins = {**{t: 0 for t in movers}, "load-0": 0, "load-1": 1}
+    pins = {**{t: 0 for t in movers}, "load-0": 0, "load-1": 1, CONTROL: 1}
     try:
         with Cluster(req, [r.url for r in redis], [*movers, *loads], pins=pins) as cluster:
             cluster.start_workers()
@@ -243,15 +250,17 @@ def run_once(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
 async def submit_delayed(
     cluster: Cluster, args: argparse.Namespace, movers: list[str], first_slot_ms: int
 ) -> tuple[dict[int, int], dict[int, str]]:
-    """Each moving tenant's delayed jobs, due evenly over ``due_span_s`` from its slot's start
-    (across its whole move); returns run-at (unix ms) and tenant by job number."""
+    """Every moving tenant's delayed jobs and the control's, ``--jobs`` per ``--due-span-s``
+    each, due evenly from the first slot to one slot past the last: whenever a move happens
+    to start (``shardq tenants move`` itself takes seconds to start on a loaded machine), its
+    tenant has jobs coming due through it. Returns run-at (unix ms) and tenant by job number."""
     run_at: dict[int, int] = {}
     owner: dict[int, str] = {}
-    span = int(args.due_span_s * 1000)
-    for k, tenant in enumerate(movers):
-        start = first_slot_ms + k * int(args.slot_s * 1000)
-        numbers = [DELAYED_BASE * (k + 1) + i for i in range(args.jobs)]
-        due = [start + i * span // args.jobs for i in range(args.jobs)]
+    span = int(args.slot_s * 1000) * (len(movers) + 1)
+    n = int(args.jobs * span / (args.due_span_s * 1000))
+    due = [first_slot_ms + i * span // n for i in range(n)]
+    for k, tenant in enumerate([*movers, CONTROL]):
+        numbers = [DELAYED_BASE * (k + 1) + i for i in range(n)]
         run_at.update(zip(numbers, due, strict=True))
         owner.update(dict.fromkeys(numbers, tenant))
         async with cluster.client(tenant) as client:
@@ -315,10 +324,17 @@ async def drive(
     lost = (set(run_at) | set(at_once)) - set(starts)
     moves: list[dict[str, Any]] = []
     every: list[float] = []
+    controls: list[float] = []
     for tenant in movers:
         began, ended = watch.window(tenant)
         due = [n for n, t in run_at.items() if owner[n] == tenant and began <= t / 1000 <= ended]
         late = {n: starts[n] - run_at[n] / 1000 for n in due if n in starts}
+        control = [
+            starts[n] - t / 1000
+            for n, t in run_at.items()
+            if owner[n] == CONTROL and began <= t / 1000 <= ended and n in starts
+        ]
+        controls += control
         every += late.values()
         # The 5 latest, with how far into the move they were due.
         worst = sorted(late, key=late.__getitem__, reverse=True)[:5]
@@ -329,6 +345,7 @@ async def drive(
             "due_in_move": len(due),
             "started": len(late),
             "lateness": summary_ms(list(late.values())) if late else {},
+            "control_lateness": summary_ms(control) if control else {},
             "latest": [{"late_ms": round(late[n] * 1000, 1),
                         "due_s_into_move": round(run_at[n] / 1000 - began, 3)} for n in worst],
             "longest_due_wait_ms": probe.stretch.get(tenant, {}),
@@ -336,6 +353,7 @@ async def drive(
     return {
         "lateness_due_in_move": summary_ms(every) if every else {},
         "due_in_move": len(every),
+        "control_lateness_in_moves": summary_ms(controls) if controls else {},
         "moves": moves,
         "jobs": {"delayed": len(run_at), "at_once": len(at_once)},
         "lost": len(lost),
@@ -370,7 +388,8 @@ def main() -> None:
             result = run_once(args, workdir)
         runs.append(result)
         print(json.dumps({"run": n, **{k: result[k] for k in
-              ("lateness_due_in_move", "due_in_move", "lost", "duplicates")},
+              ("lateness_due_in_move", "due_in_move", "control_lateness_in_moves", "lost",
+               "duplicates")},
               "moves_s": [m["move_s"] for m in result["moves"]]}), file=sys.stderr)  # fmt: skip
     out = {
         **info,

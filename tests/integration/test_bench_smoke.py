@@ -57,3 +57,25 @@ def test_the_coordinator_processes_benchmark_runs_and_reports_both_figures() -> 
     for n in (1, 2):
         figures = report[f"processes_{n}"]
         assert figures["jobs_per_s"] > 0 and figures["coordinator_cpu_us_per_call"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_the_move_lateness_benchmark_runs_with_its_control_tenant() -> None:
+    """``bench/move_lateness.py`` at its smallest (one tenant moved, short slots): it reports
+    the move's lateness beside the control tenant's, and loses and repeats no job (the run's
+    counts are asserted; the lateness figures only exist)."""
+    env = {**os.environ, "BENCH_POSTGRES_URL": admin_url()}
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "move_lateness.py"), "--tenants", "1", "--jobs", "20",
+         "--slot-s", "3", "--due-span-s", "3", "--lead-s", "2", "--load-per-s", "10",
+         "--load1-per-s", "10", "--unary-per-s", "10", "--busy-per-s", "10"],
+        capture_output=True, text=True, timeout=240, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = json.loads(done.stdout)["runs"]
+    assert (run["lost"], run["duplicates"]) == (0, 0)
+    # Every tenant's delayed jobs, due over the whole run: 20 per 3 s over (1 + 1) slots of 3 s.
+    assert run["jobs"]["delayed"] == 2 * 40
+    (move,) = run["moves"]
+    assert move["tenant"] == "move-0" and move["move_s"] > 0
+    assert set(move) >= {"lateness", "control_lateness", "longest_due_wait_ms"}
