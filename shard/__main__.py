@@ -56,7 +56,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--instance-id", default_instance_id(), "name of this loop in the lease")
     config.add_ops_http(p, 9091, "HTTP port for /metrics and /healthz (0: any)")
     config.add_log_level(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag, low, high in _BOUNDS:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if not low <= value <= high:
+            shown = f"{value:g}" if isinstance(value, float) else value
+            p.error(f"{flag} must be {_range_text(low, high)} (got {shown})")
+    return args
+
+
+#: Each numeric flag's accepted values: a negative interval or a lease of 0 would not run a
+#: loop that works, and a promotion hours ahead would hold workers' slots for hours.
+_BOUNDS: tuple[tuple[str, float, float], ...] = (
+    ("--shard-id", 0, float("inf")),
+    ("--reconcile-interval-s", 0, float("inf")),
+    ("--precheck-ahead-ms", 0, float("inf")),
+    ("--promote-ahead-ms", 0, 10_000),
+    ("--leader-ttl-ms", 1, float("inf")),
+    ("--reap-interval-ms", 1, float("inf")),
+    ("--load-interval-s", 0, float("inf")),
+    ("--load-top-tenants", 0, float("inf")),
+)
+
+
+def _range_text(low: float, high: float) -> str:
+    return f"{low:g} or more" if high == float("inf") else f"{low:g} to {high:g}"
 
 
 async def serve(args: argparse.Namespace) -> None:
