@@ -25,6 +25,18 @@ log = logging.getLogger("shardq.shard")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, each numeric one held to its range (argparse's exit 2, the flag named)."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    for flag, low, high in _BOUNDS:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if not low <= value <= high:
+            shown = f"{value:g}" if isinstance(value, float) else value
+            p.error(f"{flag} must be {_range_text(low, high)} (got {shown})")
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardq-shard", description=__doc__)
     config.add(
         p, "--redis-url", "redis://127.0.0.1:6379/0", "this shard's Redis, or its Sentinel "
@@ -56,13 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config.add(p, "--instance-id", default_instance_id(), "name of this loop in the lease")
     config.add_ops_http(p, 9091, "HTTP port for /metrics and /healthz (0: any)")
     config.add_log_level(p)
-    args = p.parse_args(argv)
-    for flag, low, high in _BOUNDS:
-        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
-        if not low <= value <= high:
-            shown = f"{value:g}" if isinstance(value, float) else value
-            p.error(f"{flag} must be {_range_text(low, high)} (got {shown})")
-    return args
+    return p
 
 
 #: Each numeric flag's accepted values: a negative interval or a lease of 0 would not run a

@@ -49,7 +49,7 @@ def _env_names(program: str) -> set[str]:
     parsers: dict[str, Callable[[], argparse.ArgumentParser]] = {
         "shardq": cli.build_parser,
         "shardq-coordinator": lambda: _parser_of(coordinator_server.parse_args),
-        "shardq-shard": lambda: _parser_of(shard_main.parse_args),
+        "shardq-shard": shard_main.build_parser,
         "shardq-worker": lambda: _parser_of(worker_main.parse_args),
     }
     return _flags(parsers[program]())
