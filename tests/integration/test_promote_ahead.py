@@ -9,6 +9,7 @@ every claim here lands well before its run-at on a busy machine) and a real work
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -26,31 +27,27 @@ AHEAD_MS = 2_000
 #: The run-at of every job here, this far after its submit: past the promote-ahead, so
 #: each is scheduled first and promoted ahead by the loop.
 LEAD_MS = 4_000
-
-pytestmark = pytest.mark.timeout(120)
-
-
 #: For the cancel: the worker learns of it at its next heartbeat (a third of the tests' 1 s
 #: lease), which must come before the run-at even on a loaded machine: seconds of margin.
 CANCEL_AHEAD_MS = 6_000
 CANCEL_LEAD_MS = 8_000
 
+pytestmark = pytest.mark.timeout(120)
 
-@pytest.fixture
-async def cluster(database_url: str) -> AsyncIterator[Cluster]:
+
+@contextlib.asynccontextmanager
+async def promoting_ahead(database_url: str, ahead_ms: int) -> AsyncIterator[Cluster]:
+    """A one-shard cluster whose loop promotes delayed jobs ``ahead_ms`` early."""
     async with (
         running_cluster(database_url, shard_count=1) as c,
-        shard_loops(c, replace(FAST_LOOP, promote_ahead_ms=AHEAD_MS)),
+        shard_loops(c, replace(FAST_LOOP, promote_ahead_ms=ahead_ms)),
     ):
         yield c
 
 
 @pytest.fixture
-async def far_ahead_cluster(database_url: str) -> AsyncIterator[Cluster]:
-    async with (
-        running_cluster(database_url, shard_count=1) as c,
-        shard_loops(c, replace(FAST_LOOP, promote_ahead_ms=CANCEL_AHEAD_MS)),
-    ):
+async def cluster(database_url: str) -> AsyncIterator[Cluster]:
+    async with promoting_ahead(database_url, AHEAD_MS) as c:
         yield c
 
 
@@ -88,9 +85,13 @@ async def test_a_job_claimed_ahead_starts_on_its_run_at_and_not_before(cluster: 
 
 
 async def test_a_job_cancelled_while_its_worker_waits_for_its_run_at_never_runs(
-    far_ahead_cluster: Cluster,
+    database_url: str,
 ) -> None:
-    cluster = far_ahead_cluster
+    async with promoting_ahead(database_url, CANCEL_AHEAD_MS) as cluster:
+        await _cancel_while_waiting(cluster)
+
+
+async def _cancel_while_waiting(cluster: Cluster) -> None:
     client = await cluster.client("acme")
     at = run_at_ms(CANCEL_LEAD_MS)
     async with running_worker(cluster, handlers=["test.clock"]):
