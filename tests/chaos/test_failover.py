@@ -75,9 +75,9 @@ class ShardGroup:
     def redis_processes(self) -> list[RedisProcess]:
         return [self.primary, *self.replicas]
 
-    async def master_port(self) -> int:
-        """The primary's port as the first sentinel names it now."""
-        async with _client(self.sentinels[0].port) as s:
+    async def master_port(self, sentinel: int = 0) -> int:
+        """The primary's port as sentinel ``sentinel`` (the first by default) names it now."""
+        async with _client(self.sentinels[sentinel].port) as s:
             _, port = await s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
         return int(port)
 
@@ -576,14 +576,8 @@ async def test_after_a_failover_the_pool_sends_nothing_to_an_old_primary_left_up
         new_port = await _promoted(group, old_port)
 
         async def every_sentinel_names_it() -> bool:
-            for s in group.sentinels:
-                async with _client(s.port) as r:
-                    _, port = await r.execute_command(
-                        "SENTINEL", "GET-MASTER-ADDR-BY-NAME", group.name
-                    )
-                if int(port) != new_port:
-                    return False
-            return True
+            ports = [await group.master_port(i) for i in range(len(group.sentinels))]
+            return ports == [new_port] * len(ports)
 
         await _wait_for("every sentinel to name the new primary", every_sentinel_names_it)
         # The pool has not been used since before the switch; past the interval, its next
