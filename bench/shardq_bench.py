@@ -854,7 +854,7 @@ async def _load(url: str, count: int) -> dict[str, Any]:
             await client.enqueue(jobs)
         load_s = time.perf_counter() - t0
         after = await _used_memory(redis)
-        scheduled = await redis.zcard(client.keys.scheduled())
+        scheduled = await redis.zcard(client.keys.scheduled_by_tenant("bench-load"))
         breakdown = await _memory_breakdown(redis, client, count)
     finally:
         await redis.aclose()
@@ -865,20 +865,18 @@ async def _load(url: str, count: int) -> dict[str, Any]:
 
 async def _memory_breakdown(redis: Redis, client: ShardClient, count: int) -> dict[str, float]:
     """Bytes per scheduled job by structure (``MEMORY USAGE``; a sample of job hashes and
-    dedupe keys, the two delayed ZSETs whole), to show where the per-job memory goes."""
+    dedupe keys, the tenant's delayed ZSET whole), to show where the per-job memory goes."""
     k = client.keys
-    ids = [i.decode() for i in await redis.zrange(k.scheduled(), 0, 99)]
+    ids = [i.decode() for i in await redis.zrange(k.scheduled_by_tenant("bench-load"), 0, 99)]
     jobs = [await redis.memory_usage(k.job(i)) or 0 for i in ids]
     dedupe = []
     for i in ids:
         request_id = await redis.hget(k.job(i), "r")
         dedupe.append(await redis.memory_usage(k.dedupe("bench-load", request_id.decode())) or 0)
-    shard_zset = await redis.memory_usage(k.scheduled(), samples=0) or 0
     tenant_zset = await redis.memory_usage(k.scheduled_by_tenant("bench-load"), samples=0) or 0
     return {
         "job_hash": round(sum(jobs) / len(jobs), 1),
         "dedupe_key": round(sum(dedupe) / len(dedupe), 1),
-        "scheduled_zset_entry": round(shard_zset / count, 1),
         "tenant_scheduled_zset_entry": round(tenant_zset / count, 1),
     }
 

@@ -78,7 +78,7 @@ async def _read_shard(client: ShardClient, status: ShardStatus) -> None:
     pipe.get(keys.leader())
     pipe.pttl(keys.leader())
     pipe.smembers(keys.tenants())
-    pipe.zrange(keys.scheduled(), 0, 0, withscores=True)
+    pipe.zrange(keys.due(), 0, 0, withscores=True)
     pipe.time()
     leader, ttl_ms, members, first_due, (now_s, now_us) = await pipe.execute()
     if first_due:

@@ -88,7 +88,7 @@ def _lua(name: str) -> str:
 @cache
 def _builders() -> dict[str, str]:
     """Key builder name -> the pattern of the keys it spells, after the prefix and ``:``
-    (``k_job`` -> ``job:*``, ``k_scheduled`` -> ``scheduled``)."""
+    (``k_job`` -> ``job:*``, ``k_due`` -> ``due``)."""
     out = {}
     for m in re.finditer(
         r"^local function k_(\w+)\([^)]*\) return base \.\. (.+?) end$", _lua("_lib"), re.M

@@ -317,7 +317,7 @@ class ShardClient:
         total = 0
         while True:
             taken, next_due, shard_now = await self._run(
-                "promote", [self.keys.scheduled()], [self._now_arg(), limit, ahead_ms]
+                "promote", [], [self._now_arg(), limit, ahead_ms]
             )
             total += int(taken)
             if int(taken) < limit:
@@ -325,15 +325,23 @@ class ShardClient:
                     return total, None
                 return total, int(next_due) - int(shard_now) + self.clock.now_ms()
 
+    async def due_tenants(self, until_ms: int) -> list[str]:
+        """The tenants that may have a job due by ``until_ms`` (those on ``due`` by then)."""
+        names = await self._r.zrange(self.keys.due(), "-inf", until_ms, byscore=True)
+        return [n.decode() for n in names]
+
     async def precheck_page(
-        self, from_ms: int, offset: int, until_ms: int, limit: int | None = None
+        self,
+        from_ms: int,
+        until_ms: int,
+        tenants: Sequence[str],
+        offset: int = 0,
+        limit: int | None = None,
     ) -> PrecheckPage:
-        """Delayed jobs due in [from_ms, until_ms] (after ``offset`` of those due at
-        from_ms) never claimed nor looked up yet: ``precheck.lua``."""
+        """The tenants' delayed jobs due in [from_ms, until_ms] (after ``offset`` of the first
+        tenant's) never claimed nor looked up yet: ``precheck.lua``."""
         limit = limit or self.settings.max_batch
-        reply = await self._run(
-            "precheck", [self.keys.scheduled()], [from_ms, offset, until_ms, limit]
-        )
+        reply = await self._run("precheck", [], [from_ms, until_ms, limit, offset, *tenants])
         return PrecheckPage.from_reply(reply)
 
     async def mark_prechecked(self, job_ids: Sequence[str]) -> int:
@@ -361,7 +369,9 @@ class ShardClient:
                 return ready, dead
 
     async def next_due_ms(self) -> int | None:
-        first = await self._r.zrange(self.keys.scheduled(), 0, 0, withscores=True)
+        """The first score on ``due``: the earliest run-at of a scheduled job, or earlier (a
+        tenant's score is a lower bound until promote sets it right)."""
+        first = await self._r.zrange(self.keys.due(), 0, 0, withscores=True)
         return int(first[0][1]) if first else None
 
     async def next_cron_tick_ms(self) -> int | None:

@@ -42,13 +42,18 @@ class Keys:
         """HASH: one job (fields in :data:`JOB_FIELDS`)."""
         return f"{self.prefix}:job:{job_id}"
 
-    def scheduled(self) -> str:
-        """ZSET: job IDs not yet due, scored by run-at (unix ms). All tenants of the shard."""
-        return f"{self.prefix}:scheduled"
-
     def scheduled_by_tenant(self, tenant: str) -> str:
-        """ZSET: one tenant's scheduled job IDs by run-at, for listing and moving a tenant."""
+        """ZSET: one tenant's scheduled job IDs (not yet due) by run-at (unix ms): the only
+        entry a scheduled job has besides its hash. Promote, listing and moves range it."""
         return f"{self.prefix}:tscheduled:{tenant}"
+
+    def due(self) -> str:
+        """ZSET: the tenants with scheduled jobs, each scored at or before its earliest run-at
+        (unix ms): the shard loop's order across tenants (``promote.lua`` merges the tenants'
+        :meth:`scheduled_by_tenant` ZSETs by it). A score may be early, never late: a cancel or
+        a move that takes a tenant's earliest job leaves it, and promote sets it right when it
+        comes due (``due_by`` and ``undue_if_empty`` in ``_lib.lua``)."""
+        return f"{self.prefix}:due"
 
     def active_by_tenant(self, tenant: str) -> str:
         """ZSET: one tenant's active job IDs scored by claim time (unix ms), for listing."""
@@ -230,7 +235,7 @@ class Keys:
         """STRING with a TTL: on the target, "this move's counters were added" (exactly once)."""
         return f"{self.prefix}:movedin:{tenant}:{move_id}"
 
-    # -- the previous layout (before queues), read only by upgrade_layout.lua ----------------
+    # -- earlier layouts: before queues (read only by upgrade_layout.lua), before `due` ------
 
     def old_ready(self, tenant: str, priority: int) -> str:
         """LIST (previous layout): ready job IDs of a tenant at a priority, all in one queue."""
@@ -251,3 +256,9 @@ class Keys:
     def old_wake(self) -> str:
         """LIST (previous layout): the one wake-up list of all workers."""
         return f"{self.prefix}:wake"
+
+    def old_scheduled(self) -> str:
+        """ZSET (the layout before :meth:`due`): every scheduled job of the shard by run-at,
+        a second entry per job beside its tenant's. ``promote.lua`` moves what a shard of an
+        earlier version still holds onto :meth:`due`."""
+        return f"{self.prefix}:scheduled"

@@ -31,6 +31,9 @@ from shardq.store.results import ResultStore
 
 log = logging.getLogger("shardq.shard")
 
+#: Tenants passed to one ``precheck.lua`` call (each is one ZSET range there).
+TENANTS_PER_CALL = 100
+
 
 @dataclass(frozen=True, slots=True)
 class PrecheckSettings:
@@ -73,10 +76,9 @@ class Prechecker:
         self.store = store
         self.settings = settings or PrecheckSettings()
         self.metrics = metrics or PrecheckMetrics(CollectorRegistry(), "0")
-        #: The cursor: the next walk starts at run-at ``_from_ms``, past ``_offset`` entries
-        #: due then. Behind now it jumps to now (those jobs are due: workers look them up).
+        #: The next walk reads run-ats from ``_from_ms`` (where the last one ended). Behind now
+        #: it jumps to now (those jobs are due: workers look them up).
         self._from_ms = 0
-        self._offset = 0
         self._failing = False
 
     async def run(self) -> None:
@@ -100,21 +102,19 @@ class Prechecker:
         s = self.settings
         now = self.shard.clock.now_ms()
         until = now + s.ahead_ms
-        if self._from_ms < now:
-            self._from_ms, self._offset = now, 0
-        while True:
-            page = await self.shard.precheck_page(self._from_ms, self._offset, until, s.batch)
+        self._from_ms = max(self._from_ms, now)
+        tenants = await self.shard.due_tenants(until)
+        done, offset = 0, 0
+        while done < len(tenants):
+            page = await self.shard.precheck_page(
+                self._from_ms, until, tenants[done : done + TENANTS_PER_CALL], offset, s.batch
+            )
             if page.jobs:
-                done = await self.store.already_done((t, r) for _, t, r in page.jobs)
-                clean = [job_id for job_id, t, r in page.jobs if (t, r) not in done]
+                found = await self.store.already_done((t, r) for _, t, r in page.jobs)
+                clean = [job_id for job_id, t, r in page.jobs if (t, r) not in found]
                 marked = await self.shard.mark_prechecked(clean)
                 self.metrics.count("clean", marked)
                 self.metrics.count("done", len(page.jobs) - len(clean))
             # The cursor moves only once the page is marked: a failed call repeats it.
-            if page.read < s.batch:
-                self._from_ms, self._offset = until + 1, 0
-                return
-            if page.last_run_at_ms == self._from_ms:
-                self._offset += page.read
-            else:
-                self._from_ms, self._offset = page.last_run_at_ms, page.last_run_at_count
+            done, offset = done + page.tenants_done, page.offset
+        self._from_ms = until + 1

@@ -489,26 +489,25 @@ class ClaimedJob:
 
 @dataclass(frozen=True, slots=True)
 class PrecheckPage:
-    """One call of ``precheck.lua``: a page of the delayed set by run-at, and the jobs in it
-    that the shard loop may look up ahead of their first claim."""
+    """One call of ``precheck.lua``: a page of some tenants' delayed jobs in a range of run-at,
+    and the jobs in it that the shard loop may look up ahead of their first claim."""
 
-    #: ZSET entries read (fewer than the call's limit: the range is done).
-    read: int
-    #: The run-at of the last entry read (-1 when none), and how many of those read had it:
-    #: the cursor of the next call, through a run of equal run-ats.
-    last_run_at_ms: int
-    last_run_at_count: int
+    #: How many of the tenants passed were read to the end of the range: the next call starts
+    #: with the tenant after them ...
+    tenants_done: int
+    #: ... passing over this many entries of its range (read by this call).
+    offset: int
     #: (job_id, tenant, request_id) of each job never claimed and not looked up yet.
     jobs: list[tuple[str, str, str]]
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> PrecheckPage:
-        rest = reply[3:]
+        rest = reply[2:]
         jobs = [
             (rest[i].decode(), rest[i + 1].decode(), rest[i + 2].decode())
             for i in range(0, len(rest), 3)
         ]
-        return cls(int(reply[0]), int(reply[1]), int(reply[2]), jobs)
+        return cls(int(reply[0]), int(reply[1]), jobs)
 
 
 #: ``claim.lua``'s reply per job, in order: the fields of :class:`ClaimedJob`.

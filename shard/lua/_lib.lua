@@ -4,7 +4,7 @@
 -- exactly as in shard/keys.py (tests/unit/test_keys.py checks that both agree).
 local base = KEYS[1]
 local function k_job(id) return base .. 'job:' .. id end
-local function k_scheduled() return base .. 'scheduled' end
+local function k_due() return base .. 'due' end
 local function k_tscheduled(t) return base .. 'tscheduled:' .. t end
 local function k_tactive(t) return base .. 'tactive:' .. t end
 local function k_ready(t, q, prio) return base .. 'ready:' .. t .. ':' .. q .. ':' .. prio end
@@ -40,6 +40,8 @@ local function k_old_ring(prio) return base .. 'ring:' .. prio end
 local function k_old_credit(prio) return base .. 'credit:' .. prio end
 local function k_old_weights() return base .. 'weights' end
 local function k_old_wake() return base .. 'wake' end
+-- The delayed ZSET of every job of the shard (before `due`), read only by promote.lua.
+local function k_old_scheduled() return base .. 'scheduled' end
 
 -- The queue of a job hash without field 'q'.
 local DEFAULT_QUEUE = 'default'
@@ -129,11 +131,26 @@ local function wake_promoter_if_first(zset, at)
   end
 end
 
--- Put a job on the delayed ZSETs; wake the shard loop if it is now the earliest job.
+-- A tenant's place on `due`: at `at`, unless it is there earlier already (ZADD LT keeps the
+-- lower score), so its score stays at or before its earliest scheduled run-at.
+local function due_by(tenant, at)
+  redis.call('ZADD', k_due(), 'LT', at, tenant)
+end
+
+-- Put a job on its tenant's delayed ZSET and the tenant on `due` by its run-at; wake the shard
+-- loop if it is now the earliest job. One ZSET entry per job: the shard-wide order is the
+-- tenants' (few) entries on `due`, not a second entry per job.
 local function push_scheduled(id, tenant, run_at)
-  wake_promoter_if_first(k_scheduled(), run_at)
-  redis.call('ZADD', k_scheduled(), run_at, id)
+  wake_promoter_if_first(k_due(), run_at)
   redis.call('ZADD', k_tscheduled(tenant), run_at, id)
+  due_by(tenant, run_at)
+end
+
+-- After jobs left a tenant's delayed ZSET other than by promote (cancel, move): off `due` when
+-- it has none left. Else its score stays, earlier than its earliest job now perhaps: promote
+-- finds nothing due for it then and sets the score right (a score is a lower bound, never late).
+local function undue_if_empty(tenant)
+  if redis.call('EXISTS', k_tscheduled(tenant)) == 0 then redis.call('ZREM', k_due(), tenant) end
 end
 
 local function push_dead(id, tenant, now)

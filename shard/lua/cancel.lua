@@ -1,7 +1,7 @@
 -- Cancel one job of a tenant. Scheduled and ready jobs end at once (a ready job's ID is left in
 -- its list and skipped by claim, which keeps this O(log N)); an active job is marked so that
 -- its completion is recorded as cancelled, and its worker learns it at the next heartbeat.
--- KEYS[1]  {prefix}:                 (prefix)  derives job, scheduled, tscheduled, counts,
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, tscheduled, due, counts,
 --                                              moving, outbox keys
 -- ARGV[1]  tenant                    (string)  the caller's tenant: another's job is NOT_FOUND
 -- ARGV[2]  job_id                    (string)
@@ -26,8 +26,8 @@ if state == 'active' then
   redis.call('HSET', job, 'cx', 1)
   return {CANCEL_REQUESTED, 'active'}
 elseif state == 'scheduled' then
-  redis.call('ZREM', k_scheduled(), id)
   redis.call('ZREM', k_tscheduled(tenant), id)
+  undue_if_empty(tenant)
 elseif state ~= 'ready' then
   return {ALREADY_TERMINAL, state}
 end

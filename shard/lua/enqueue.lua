@@ -2,7 +2,7 @@
 -- Idempotent per (tenant, request_id) for the dedupe window; per-tenant quota and rate checked
 -- atomically with the write, so a refused job writes nothing.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, tprio, tqueues, qring,
---                                              inring, scheduled, tscheduled, dedupe, counts,
+--                                              inring, due, tscheduled, dedupe, counts,
 --                                              limits, bucket, tenants, mapfence, wake,
 --                                              promoter_wake keys
 -- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this

@@ -1,11 +1,11 @@
--- Record failed attempts: back to the delayed ZSET for a retry after a backoff, or to the
+-- Record failed attempts: back to its tenant's delayed ZSET for a retry after a backoff, or to the
 -- tenant's dead-letter set when attempts are used up or the failure is permanent. The backoff
 -- is computed here, the one place it is (shard/backoff.py): after attempt n ('at') the wait is
 -- w = min(cap, base * 2^(n-1)) (exponent at most 40), then w - w * jitter * draw; the policy is
 -- the job's own ('rb', each field 0 = unset) over the caller's (the handler's, or the server
 -- default); the random draw is the caller's, so this script stays deterministic. The retry's
 -- run-at is the shard's now plus the wait.
--- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, scheduled,
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, leases, tactive, due,
 --                                              tscheduled, dead, counts, promoter_wake, limits,
 --                                              parked, paused, tqpaused, tqueues, qring,
 --                                              inring, wake, outbox keys

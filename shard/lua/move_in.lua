@@ -3,11 +3,11 @@
 -- token (a ready job joins its tenant's list, priorities and ring of its queue). A scheduled
 -- job whose run-at has come (by the shard's clock, ARGV[2]) arrives ready, as the shard loop
 -- would have promoted it: a job due while the mover had it set aside starts without waiting
--- for the loop. A later one joins the delayed ZSETs, the loop woken if it is the earliest. A job
+-- for the loop. A later one joins its tenant's delayed ZSET (the tenant on `due`), the loop woken if it is the earliest. A job
 -- already here (or whose dedupe key says it was) is skipped, so a re-run mover adds nothing
 -- twice. The shard's fencing counter is raised past every imported token, so a later claim
 -- here always takes a higher one.
--- KEYS[1]  {prefix}:                 (prefix)  derives job, scheduled, tscheduled, ready,
+-- KEYS[1]  {prefix}:                 (prefix)  derives job, due, tscheduled, ready,
 --                                              tprio, tqueues, qring, inring, dead, dedupe,
 --                                              counts, tenants, fence, wake, promoter_wake,
 --                                              schedules, cron keys
@@ -31,7 +31,7 @@ local top_fence = tonumber(redis.call('GET', k_fence()) or '0')
 -- fence once per batch): each call costs microseconds, and a batch of 100 jobs at ~20 calls
 -- each blocked the shard for 7-16 ms.
 local counted = {scheduled = 0, ready = 0, dead = 0}
-local first = redis.call('ZRANGE', k_scheduled(), 0, 0, 'WITHSCORES')
+local first = redis.call('ZRANGE', k_due(), 0, 0, 'WITHSCORES')
 local earliest = first[2] and tonumber(first[2])
 local soonest -- the earliest run-at imported: the promoter is woken if it is before `earliest`
 
@@ -55,7 +55,6 @@ for _ = 1, n_jobs do
       state = 'ready'
     end
     if state == 'scheduled' then
-      redis.call('ZADD', k_scheduled(), run_at, id)
       redis.call('ZADD', k_tscheduled(tenant), run_at, id)
       if soonest == nil or run_at < soonest then soonest = run_at end
       counted.scheduled = counted.scheduled + 1
@@ -75,6 +74,7 @@ for _ = 1, n_jobs do
     added_jobs = added_jobs + 1
   end
 end
+if soonest ~= nil then due_by(tenant, soonest) end
 for state, n in pairs(counted) do
   if n > 0 then redis.call('HINCRBY', k_counts(tenant), state, n) end
 end

@@ -4,7 +4,7 @@
 -- set; their hashes stay until the target has them (move_drop). Nothing here runs them any
 -- more, and a mover that dies leaves them findable. Active jobs are not touched: they finish,
 -- and are acked, here.
--- KEYS[1]  {prefix}:                 (prefix)  derives tscheduled, scheduled, tqueues, tprio,
+-- KEYS[1]  {prefix}:                 (prefix)  derives tscheduled, due, tqueues, tprio,
 --                                              ready, qring, inring, qcredit, dead, counts,
 --                                              job, moving keys
 -- ARGV[1]  tenant
@@ -24,8 +24,8 @@ end
 
 local ids = redis.call('ZRANGE', k_tscheduled(tenant), 0, limit - 1)
 if #ids > 0 then
-  chunked('ZREM', k_scheduled(), ids)
   chunked('ZREM', k_tscheduled(tenant), ids)
+  undue_if_empty(tenant)
   for _, id in ipairs(ids) do take(id, 'scheduled') end
 end
 

@@ -199,7 +199,7 @@ async def _dump(port: int, tenant: str) -> dict[bytes, bytes | None]:
 #: Keys of the whole shard (some per queue); every other key names one tenant:
 #: sq:<kind>:<tenant>[:...].
 SHARD_WIDE = re.compile(
-    r"sq:(scheduled|leases|fence|tenants|wake|promoter_wake|cron|weights|leader|load|mapfence"
+    r"sq:(due|scheduled|leases|fence|tenants|wake|promoter_wake|cron|weights|leader|load|mapfence"
     r"|paused|qpaused|tqpaused|parked|outbox|identity|ring:\d+|credit:\d+"
     r"|(wake|qring|inring|qcredit):[A-Za-z0-9._-]{1,64})"
 )

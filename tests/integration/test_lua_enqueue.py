@@ -70,7 +70,7 @@ async def test_a_future_job_is_scheduled_and_wakes_the_promoter(
     assert (res.code, res.state) == (ItemCode.OK, "scheduled")
     assert await dump(redis) == {
         "sq:job:J1": job_hash("scheduled", NOW + 5_000, pr="7"),
-        "sq:scheduled": [("J1", NOW + 5_000)],
+        "sq:due": [("acme", NOW + 5_000)],
         "sq:tscheduled:acme": [("J1", NOW + 5_000)],
         "sq:promoter_wake": ["1"],
         "sq:dedupe:acme:r1": DEDUPE,

@@ -32,7 +32,7 @@ async def test_a_failure_with_attempts_left_schedules_a_retry_at_retry_at(
     assert await dump(redis) == {
         "sq:job:J1": claimed_hash("J1", "scheduled", 1, ra=str(RETRY), e="boom"),
         "sq:fence": "1",
-        "sq:scheduled": [("J1", RETRY)],
+        "sq:due": [("acme", RETRY)],
         "sq:tscheduled:acme": [("J1", RETRY)],
         "sq:promoter_wake": ["1"],
         "sq:counts:acme": {
@@ -52,7 +52,8 @@ async def test_a_retry_later_than_the_next_due_job_does_not_wake_the_promoter(
     clock.set(FAILED)
     await shard.fail([failure(c, retry_at_ms=RETRY)])
     assert await redis.exists("sq:promoter_wake") == 0
-    assert await redis.zrange("sq:scheduled", 0, -1) == [b"J2", b"J1"]
+    assert await redis.zrange("sq:tscheduled:acme", 0, -1) == [b"J2", b"J1"]
+    assert await redis.zrange("sq:due", 0, -1, withscores=True) == [(b"acme", NOW + 5_000)]
 
 
 @pytest.mark.parametrize("attempt", [1, 3, 20])
@@ -62,7 +63,7 @@ async def test_without_retry_at_the_retry_is_backed_off_within_the_ceiling(
     (c,) = await claimed(shard, redis, job("J1"))
     clock.set(FAILED)
     await shard.fail([Failure("J1", c.fence, attempt, "boom")])
-    run_at = int(await redis.zscore("sq:scheduled", "J1"))
+    run_at = int(await redis.zscore("sq:tscheduled:acme", "J1"))
     assert FAILED <= run_at <= FAILED + shard.settings.backoff.ceiling_ms(attempt)
 
 
@@ -148,7 +149,7 @@ async def test_a_permanent_failure_is_dead_at_once_whatever_attempts_remain(
     state = await dump(redis)
     assert state["sq:job:J1"] == claimed_hash("J1", "dead", 1, ma="10", fa=str(FAILED), e="boom")
     assert state["sq:dead:acme"] == [("J1", FAILED)]
-    assert "sq:scheduled" not in state
+    assert "sq:due" not in state and "sq:tscheduled:acme" not in state
 
 
 async def test_a_failure_of_a_job_cancelled_while_active_ends_it_as_cancelled(
@@ -259,7 +260,7 @@ async def retry_wait(shard: ShardClient, redis: Redis, attempt: int, f: Failure)
     attempt left: it is retried)."""
     await redis.hset("sq:job:J1", mapping={"at": attempt, "ma": attempt + 1})
     assert await shard.fail([f]) == [FailResult(ItemCode.OK, "scheduled")]
-    return int(await redis.zscore("sq:scheduled", "J1")) - FAILED
+    return int(await redis.zscore("sq:tscheduled:acme", "J1")) - FAILED
 
 
 @pytest.mark.parametrize(
@@ -317,7 +318,7 @@ async def test_the_jobs_own_policy_wins_field_by_field_and_is_kept_on_the_job(
             "J1", "scheduled", 1, ra=str(retry_at), e="boom", rb="5000 0 0.5"
         ),
         "sq:fence": "1",
-        "sq:scheduled": [("J1", retry_at)],
+        "sq:due": [("acme", retry_at)],
         "sq:tscheduled:acme": [("J1", retry_at)],
         "sq:promoter_wake": ["1"],
         "sq:counts:acme": {

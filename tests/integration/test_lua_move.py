@@ -95,7 +95,7 @@ async def test_queued_jobs_arrive_on_the_target_as_they_were(
 
     moved = await dump(target_redis)
     assert moved["sq:tscheduled:acme"] == [("J1", NOW + 5_000)]
-    assert moved["sq:scheduled"] == [("J1", NOW + 5_000)]
+    assert moved["sq:due"] == [("acme", NOW + 5_000)]
     assert {k: v for k, v in moved.items() if k.startswith(("sq:ready", "sq:tprio"))} == {
         k: v
         for k, v in {

@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import Failure, FakeClock, NewJob, ShardClient
+from shardq.shard import Failure, FakeClock, NewJob, ShardClient, precheck
 from shardq.shard.keys import Keys
 from shardq.shard.precheck import Prechecker, PrecheckSettings
+from shardq.shard.records import PrecheckPage
 from shardq.store.db import psycopg_dsn
 from shardq.store.results import ResultRow, ResultStore
 from tests.support import handlers
@@ -86,6 +88,34 @@ async def test_a_walk_goes_through_more_equal_run_ats_than_one_call_reads(
     assert count(pre, "clean") == 12
 
 
+async def test_a_walk_goes_through_many_tenants_a_page_of_entries_at_a_time(
+    shard: ShardClient, redis: Redis, result_store: ResultStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tenants passed a few at a call, and calls that stop inside a tenant's range: every job
+    due in reach is read once, whatever tenant it belongs to."""
+    monkeypatch.setattr(precheck, "TENANTS_PER_CALL", 2)
+    tenants = [f"t{n}" for n in range(5)]
+    soon = [job(f"{t}x{i}", tenant=t, delay_ms=100 + 10 * i) for t in tenants for i in range(4)]
+    await shard.enqueue([*soon, job("FAR", tenant="t0", delay_ms=AHEAD * 5)])
+    calls = []
+    page_of = shard.precheck_page
+
+    async def counted(*args: Any, **kwargs: Any) -> PrecheckPage:
+        calls.append(args[2])
+        return await page_of(*args, **kwargs)
+
+    monkeypatch.setattr(shard, "precheck_page", counted)
+    pre = Prechecker(shard, result_store, PrecheckSettings(batch=3))
+    await pre.walk()
+    ids = [j.job_id for j in soon]
+    assert all((await marked(redis, shard.settings.key_prefix, *ids)).values())
+    assert not (await marked(redis, shard.settings.key_prefix, "FAR"))["FAR"]
+    assert count(pre, "clean") == 20
+    assert all(len(c) <= 2 for c in calls) and len(calls) >= 20 // 3
+    await pre.walk()  # the next pass reads on from where this one ended
+    assert count(pre, "clean") == 20
+
+
 async def test_a_job_claimed_once_is_neither_listed_nor_marked_and_its_next_claim_looks_up(
     shard: ShardClient, redis: Redis, clock: FakeClock, result_store: ResultStore
 ) -> None:
@@ -97,8 +127,8 @@ async def test_a_job_claimed_once_is_neither_listed_nor_marked_and_its_next_clai
     assert first.checked  # never claimed, looked up ahead: the worker starts it at once
     # It fails and waits for its retry: scheduled again, but its run may have written a row.
     await shard.fail([Failure("J1", first.fence, 1, "boom", retry_at_ms=NOW + 1_000)])
-    page = await shard.precheck_page(NOW, 0, NOW + AHEAD)
-    assert page.read == 1 and page.jobs == []
+    page = await shard.precheck_page(NOW, NOW + AHEAD, ["acme"])
+    assert (page.tenants_done, page.offset, page.jobs) == (1, 0, [])
     assert await shard.mark_prechecked(["J1"]) == 0
     clock.advance(1_000)
     await shard.promote()

@@ -63,7 +63,7 @@ async def test_a_job_scheduled_for_the_future_is_never_claimable_before_its_time
 
 #: Future jobs seeded before measuring promote. Seeding 200,000 through ShardClient.enqueue takes
 #: ~34 s on 2 cores, so 1,000 go through enqueue and the rest are written as enqueue.lua would
-#: write them (job hash + both delayed ZSETs), in pipelined batches.
+#: write them (job hash, tenant's delayed ZSET, the tenant on ``due``), in pipelined batches.
 FUTURE_JOBS = 200_000
 ENQUEUED_FUTURE_JOBS = 1_000
 DUE_JOBS = 100
@@ -89,11 +89,10 @@ async def _seed_future_like_enqueue(redis: Redis, clock: FakeClock, numbers: ran
     for start in range(numbers.start, numbers.stop, 10_000):
         chunk = range(start, min(start + 10_000, numbers.stop))
         pipe = redis.pipeline(transaction=False)
-        scores = {f"F{i}": now + DAY + i for i in chunk}
-        pipe.zadd("sq:scheduled", scores)
         for i in chunk:
             t = f"t{i % 7}"
             pipe.zadd(f"sq:tscheduled:{t}", {f"F{i}": now + DAY + i})
+            pipe.zadd("sq:due", {t: now + DAY + i}, lt=True)
             pipe.hset(
                 f"sq:job:F{i}",
                 mapping={"t": t, "r": f"F{i}", "h": "h", "p": "{}", "pr": 0, "s": "scheduled",
@@ -115,12 +114,20 @@ async def test_promotion_cost_does_not_grow_with_the_number_of_future_jobs(
     await enqueue_many(shard, future)
     await _seed_future_like_enqueue(redis, clock, range(ENQUEUED_FUTURE_JOBS, FUTURE_JOBS))
     await _seed_due(shard, clock)
-    assert await redis.zcard("sq:scheduled") == FUTURE_JOBS + DUE_JOBS
+    assert await _scheduled(redis) == FUTURE_JOBS + DUE_JOBS
     crowded = await _promote_command_calls(shard, redis)
 
+    # The same commands, but that each tenant stays on `due` (ZADD of its next run-at) where
+    # on the empty shard it leaves it (ZREM).
+    assert crowded.pop("cmdstat_zadd") - empty.pop("cmdstat_zadd") == 7
+    assert empty.pop("cmdstat_zrem") - crowded.pop("cmdstat_zrem") == 7
     assert crowded == empty
     assert empty["cmdstat_evalsha"] == 1
-    assert await redis.zcard("sq:scheduled") == FUTURE_JOBS
+    assert await _scheduled(redis) == FUTURE_JOBS
+
+
+async def _scheduled(redis: Redis) -> int:
+    return sum([await redis.zcard(f"sq:tscheduled:t{i}") for i in range(7)])
 
 
 # --- priority and fairness -----------------------------------------------------------------
@@ -205,7 +212,7 @@ class _OneCallPerScript:
         assert [r.code for r in results] == [ItemCode.OK] * 3
 
     async def precheck(self) -> None:  # J3, delayed, never claimed
-        page = await self.shard.precheck_page(0, 0, 2**53, 10)
+        page = await self.shard.precheck_page(0, 2**53, ["acme"], 0, 10)
         assert [j for j, _, _ in page.jobs] == ["J3"]
 
     async def prechecked(self) -> None:

@@ -133,7 +133,7 @@ def _members(value: Any) -> list[str]:
 
 def _places(snap: dict[str, Any]) -> dict[str, Counter[str]]:
     """job ID -> how many times each job structure holds it."""
-    structural = (":scheduled", ":tscheduled:", ":ready:", ":leases", ":tactive:", ":dead:")
+    structural = (":tscheduled:", ":ready:", ":leases", ":tactive:", ":dead:")
     places: dict[str, Counter[str]] = {}
     for key, value in snap.items():
         if any(s in key for s in structural):
@@ -144,7 +144,7 @@ def _places(snap: dict[str, Any]) -> dict[str, Counter[str]]:
 
 def _expected_places(state: str, t: str, q: str, prio: str) -> dict[str, int]:
     return {
-        "scheduled": {f"{P}:scheduled": 1, f"{P}:tscheduled:{t}": 1},
+        "scheduled": {f"{P}:tscheduled:{t}": 1},
         "ready": {f"{P}:ready:{t}:{q}:{prio}": 1},
         "active": {f"{P}:leases": 1, f"{P}:tactive:{t}": 1},
         "dead": {f"{P}:dead:{t}": 1},
@@ -254,7 +254,6 @@ def _per_tenant(
 def expected_keyspace(m: ShardModel) -> dict[str, Any]:
     """Every key but the wake lists and counts (compared field by field)."""
     exp: dict[str, Any] = {f"{P}:job:{j.job_id}": expected_hash(j) for j in m.jobs.values()}
-    exp[f"{P}:scheduled"] = _zset((j.job_id, j.run_at) for j in m.in_state("scheduled"))
     exp[f"{P}:leases"] = _zset((j.job_id, j.lease_deadline) for j in m.in_state("active"))
     exp[f"{P}:outbox"] = _zset(m.outbox.items())
     exp |= _per_tenant(m, "scheduled", "tscheduled", "run_at")
@@ -281,9 +280,24 @@ def expected_keyspace(m: ShardModel) -> dict[str, Any]:
     return {k: v for k, v in exp.items() if v and v != "0"}
 
 
+def check_due(due: list[tuple[str, float]], m: ShardModel) -> None:
+    """``due`` holds exactly the tenants with scheduled jobs, each at or before the earliest
+    run-at of its jobs (a cancel may leave it earlier: promote sets it right), and at the
+    score the model says."""
+    earliest: dict[str, int] = {}
+    for j in m.in_state("scheduled"):
+        earliest[j.tenant] = min(earliest.get(j.tenant, j.run_at), j.run_at)
+    scores = dict(due)
+    assert set(scores) == set(earliest), f"due {set(scores)} != tenants scheduled {set(earliest)}"
+    for t, at in earliest.items():
+        assert scores[t] <= at, f"{t} is on due at {scores[t]}, after its earliest job ({at})"
+    assert scores == m.due, f"due {scores} != model {m.due}"
+
+
 def check_against_model(snap: dict[str, Any], m: ShardModel) -> None:
     exp = expected_keyspace(m)
     got = {k: v for k, v in snap.items() if not _is_wake(k) and ":counts:" not in k}
+    check_due(got.pop(f"{P}:due", []), m)
     assert set(got) == set(exp), f"extra keys {set(got) - set(exp)}, missing {set(exp) - set(got)}"
     for k, v in exp.items():
         assert got[k] == v, f"{k}: redis {got[k]!r} != model {v!r}"

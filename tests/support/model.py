@@ -96,8 +96,23 @@ class ShardModel:
     #: job ID -> when it ended dead or cancelled with no worker to write its row (the
     #: outbox ZSET; nothing here drains it, the shard loop does).
     outbox: dict[str, int] = field(default_factory=dict)
+    #: tenant -> its score on ``due``: at or before its earliest scheduled run-at (a cancel
+    #: leaves it early; promote sets it right once it is due).
+    due: dict[str, int] = field(default_factory=dict)
 
     # --- helpers ----------------------------------------------------------------------
+
+    def _due_by(self, tenant: str, at: int) -> None:
+        self.due[tenant] = min(self.due.get(tenant, at), at)
+
+    def _earliest(self, tenant: str) -> int | None:
+        return min(
+            (j.run_at for j in self.in_state("scheduled") if j.tenant == tenant), default=None
+        )
+
+    def _undue_if_empty(self, tenant: str) -> None:
+        if self._earliest(tenant) is None:
+            self.due.pop(tenant, None)
 
     def count(self, tenant: str, name: str, by: int = 1) -> None:
         self.counters.setdefault(tenant, Counter())[name] += by
@@ -197,22 +212,30 @@ class ShardModel:
             self.dedupe[(s.tenant, s.request_id)] = (s.job_id, d)
             if state == "ready":
                 self._push_ready(job)
+            else:
+                self._due_by(s.tenant, s.run_at)
             self.count(s.tenant, "submitted")
             self.tenants.add(s.tenant)
             out.append((ItemCode.OK, s.job_id, state))
         return out
 
     def next_due(self) -> int | None:
-        return min((j.run_at for j in self.in_state("scheduled")), default=None)
+        return min(self.due.values(), default=None)
 
     def promote(self) -> tuple[int, int | None]:
         due = sorted(
             (j for j in self.in_state("scheduled") if j.run_at <= self.now),
-            key=lambda j: (j.run_at, j.job_id),
+            key=lambda j: (j.run_at, j.tenant, j.job_id),
         )
         for job in due:
             job.state = "ready"
             self._push_ready(job)
+        for tenant in [t for t, at in self.due.items() if at <= self.now]:
+            earliest = self._earliest(tenant)
+            if earliest is None:
+                del self.due[tenant]
+            else:
+                self.due[tenant] = earliest
         return len(due), self.next_due()
 
     def set_limits(self, tenant: str, values: dict[str, int]) -> None:
@@ -330,6 +353,7 @@ class ShardModel:
             else:
                 self._end_lease(job, "scheduled")
                 job.run_at = retry_at
+                self._due_by(job.tenant, retry_at)
                 out.append((ItemCode.OK, "scheduled"))
         return out
 
@@ -385,6 +409,7 @@ class ShardModel:
             return ItemCode.CANCEL_REQUESTED, "active"
         if job.state in ("scheduled", "ready"):
             self._finish(job, "cancelled")
+            self._undue_if_empty(tenant)
             return ItemCode.OK, "cancelled"
         return ItemCode.ALREADY_TERMINAL, job.state
 

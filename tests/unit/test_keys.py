@@ -14,7 +14,7 @@ from shardq.shard.scripts import SCRIPT_NAMES
 #: Lua builder name (``k_<name>`` in _lib.lua) -> the Keys method that spells the same key.
 LUA_TO_PYTHON = {
     "job": "job",
-    "scheduled": "scheduled",
+    "due": "due",
     "tscheduled": "scheduled_by_tenant",
     "tactive": "active_by_tenant",
     "ready": "ready",
@@ -49,6 +49,7 @@ LUA_TO_PYTHON = {
     "old_credit": "old_credit",
     "old_weights": "old_weights",
     "old_wake": "old_wake",
+    "old_scheduled": "old_scheduled",
 }
 #: Keys methods with no Lua builder: passed in KEYS by their only scripts, or (load, identity)
 #: used by no script at all (wait_mark: written by ShardClient before each WAIT).
