@@ -54,13 +54,39 @@ local function wake_workers(q)
   redis.call('LTRIM', k_wake(q), 0, WAKE_CAP - 1)
 end
 
--- Queues whose workers a script wakes once at its end, and per tenant the change of its
--- pending payload bytes to add once at its end: settle() does both.
+-- Wake the shard loop when `at` comes before everything in `zset` (it sleeps until then).
+local function wake_promoter_if_first(zset, at)
+  local first = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
+  if first[2] == nil or at < tonumber(first[2]) then
+    redis.call('LPUSH', k_promoter_wake(), '1')
+    redis.call('LTRIM', k_promoter_wake(), 0, 0)
+  end
+end
+
+-- A tenant's place on `due`: at `at`, unless it is there earlier already (ZADD LT keeps the
+-- lower score), so its score stays at or before its earliest scheduled run-at.
+local function due_by(tenant, at)
+  redis.call('ZADD', k_due(), 'LT', at, tenant)
+end
+
+-- What a script does once at its end (settle()), not per job: the queues whose workers it
+-- wakes; per tenant the change of its pending payload bytes, and the earliest run-at of the
+-- jobs it put on the tenant's delayed ZSET (the tenant's place on `due`).
 local to_wake = {}
 local bytes_delta = {}
+local due_at = {}
 
 local function add_bytes(t, n)
   bytes_delta[t] = (bytes_delta[t] or 0) + n
+end
+
+-- Put a job on its tenant's delayed ZSET. At settle() the tenant goes on `due` by the earliest
+-- of its jobs put there, and the shard loop is woken if that is before every job it knew of.
+-- One ZSET entry per job: the shard-wide order is the tenants' (few) entries on `due`.
+local function push_scheduled(id, tenant, run_at)
+  redis.call('ZADD', k_tscheduled(tenant), run_at, id)
+  local at = due_at[tenant]
+  if at == nil or run_at < at then due_at[tenant] = run_at end
 end
 
 -- The end of every script that makes jobs ready or moves them into or out of the pending
@@ -71,6 +97,14 @@ local function settle()
     if n ~= 0 and redis.call('HINCRBY', k_counts(t), 'bytes', n) < 0 then
       redis.call('HSET', k_counts(t), 'bytes', 0)
     end
+  end
+  local soonest = nil
+  for _, at in pairs(due_at) do
+    if soonest == nil or at < soonest then soonest = at end
+  end
+  if soonest ~= nil then
+    wake_promoter_if_first(k_due(), soonest)
+    for t, at in pairs(due_at) do due_by(t, at) end
   end
   for q in pairs(to_wake) do wake_workers(q) end
 end
@@ -120,30 +154,6 @@ local function unpark_if_below_cap(t, active)
     redis.call('SREM', k_parked(), t)
     rering(t)
   end
-end
-
--- Wake the shard loop when `at` comes before everything in `zset` (it sleeps until then).
-local function wake_promoter_if_first(zset, at)
-  local first = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
-  if first[2] == nil or at < tonumber(first[2]) then
-    redis.call('LPUSH', k_promoter_wake(), '1')
-    redis.call('LTRIM', k_promoter_wake(), 0, 0)
-  end
-end
-
--- A tenant's place on `due`: at `at`, unless it is there earlier already (ZADD LT keeps the
--- lower score), so its score stays at or before its earliest scheduled run-at.
-local function due_by(tenant, at)
-  redis.call('ZADD', k_due(), 'LT', at, tenant)
-end
-
--- Put a job on its tenant's delayed ZSET and the tenant on `due` by its run-at; wake the shard
--- loop if it is now the earliest job. One ZSET entry per job: the shard-wide order is the
--- tenants' (few) entries on `due`, not a second entry per job.
-local function push_scheduled(id, tenant, run_at)
-  wake_promoter_if_first(k_due(), run_at)
-  redis.call('ZADD', k_tscheduled(tenant), run_at, id)
-  due_by(tenant, run_at)
 end
 
 -- After jobs left a tenant's delayed ZSET other than by promote (cancel, move): off `due` when

@@ -63,8 +63,10 @@ end
 -- limits:{t} per tenant of the batch, read once: {max_pending, max_pending_bytes, rate, burst,
 -- dedupe (s)}.
 local limits = {}
--- Tenants of the batch already added to the shard's tenant set.
-local seen_tenants = {}
+-- Per tenant of the batch, the jobs this call made ready and scheduled: counts:{t} and the
+-- shard's tenant set are written once per tenant at the end, not per job (over_quota adds
+-- these in meanwhile).
+local made = {}
 local function limits_of(tenant)
   local l = limits[tenant]
   if not l then
@@ -80,6 +82,8 @@ local function over_quota(tenant, counts, max_pending, max_bytes, size)
   if max_pending <= 0 and max_bytes <= 0 then return false end
   local c = redis.call('HMGET', counts, 'scheduled', 'ready', 'active', 'bytes')
   local pending = (tonumber(c[1]) or 0) + (tonumber(c[2]) or 0) + (tonumber(c[3]) or 0)
+  local m = made[tenant]
+  if m then pending = pending + m.ready + m.scheduled end
   if max_pending > 0 and pending >= max_pending then return true end
   local bytes = (tonumber(c[4]) or 0) + (bytes_delta[tenant] or 0)
   return max_bytes > 0 and bytes + size > max_bytes
@@ -158,17 +162,24 @@ for i = FIRST, #ARGV, STRIDE do
       else
         push_scheduled(id, tenant, run_at)
       end
-      redis.call('HINCRBY', counts, state, 1)
-      redis.call('HINCRBY', counts, 'submitted', 1)
-      add_bytes(tenant, #payload)
-      if not seen_tenants[tenant] then
-        redis.call('SADD', k_tenants(), tenant)
-        seen_tenants[tenant] = true
+      local m = made[tenant]
+      if not m then
+        m = {ready = 0, scheduled = 0}
+        made[tenant] = m
       end
+      m[state] = m[state] + 1
+      add_bytes(tenant, #payload)
       result = {OK, id, state, 0, now, run_at}
     end
   end
   out[#out + 1] = result
+end
+for tenant, m in pairs(made) do
+  local counts = k_counts(tenant)
+  redis.call('HINCRBY', counts, 'submitted', m.ready + m.scheduled)
+  if m.ready > 0 then redis.call('HINCRBY', counts, 'ready', m.ready) end
+  if m.scheduled > 0 then redis.call('HINCRBY', counts, 'scheduled', m.scheduled) end
+  redis.call('SADD', k_tenants(), tenant)
 end
 settle()
 return out

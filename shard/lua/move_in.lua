@@ -3,10 +3,10 @@
 -- token (a ready job joins its tenant's list, priorities and ring of its queue). A scheduled
 -- job whose run-at has come (by the shard's clock, ARGV[2]) arrives ready, as the shard loop
 -- would have promoted it: a job due while the mover had it set aside starts without waiting
--- for the loop. A later one joins its tenant's delayed ZSET (the tenant on `due`), the loop woken if it is the earliest. A job
--- already here (or whose dedupe key says it was) is skipped, so a re-run mover adds nothing
--- twice. The shard's fencing counter is raised past every imported token, so a later claim
--- here always takes a higher one.
+-- for the loop. A later one joins its tenant's delayed ZSET (the tenant on `due`), the loop
+-- woken if it is the earliest. A job already here (or whose dedupe key says it was) is
+-- skipped, so a re-run mover adds nothing twice. The shard's fencing counter is raised past
+-- every imported token, so a later claim here always takes a higher one.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, due, tscheduled, ready,
 --                                              tprio, tqueues, qring, inring, dead, dedupe,
 --                                              counts, tenants, fence, wake, promoter_wake,
@@ -27,13 +27,10 @@ local n_jobs, n_dedupe, n_sched = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber
 local i = 6
 local added_jobs, added_dedupe, added_sched = 0, 0, 0
 local top_fence = tonumber(redis.call('GET', k_fence()) or '0')
--- Per job as few calls as can be (the hash in one HSET; counts, the promoter's wake-up and the
--- fence once per batch): each call costs microseconds, and a batch of 100 jobs at ~20 calls
--- each blocked the shard for 7-16 ms.
+-- Per job as few calls as can be (the hash in one HSET; counts, the tenant's place on `due`,
+-- the promoter's wake-up and the fence once per batch): each call costs microseconds, and a
+-- batch of 100 jobs at ~20 calls each blocked the shard for 7-16 ms.
 local counted = {scheduled = 0, ready = 0, dead = 0}
-local first = redis.call('ZRANGE', k_due(), 0, 0, 'WITHSCORES')
-local earliest = first[2] and tonumber(first[2])
-local soonest -- the earliest run-at imported: the promoter is woken if it is before `earliest`
 
 for _ = 1, n_jobs do
   local id, pttl, nf = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
@@ -55,8 +52,7 @@ for _ = 1, n_jobs do
       state = 'ready'
     end
     if state == 'scheduled' then
-      redis.call('ZADD', k_tscheduled(tenant), run_at, id)
-      if soonest == nil or run_at < soonest then soonest = run_at end
+      push_scheduled(id, tenant, run_at)
       counted.scheduled = counted.scheduled + 1
     elseif state == 'ready' then
       push_ready(id, tenant, f['q'] or DEFAULT_QUEUE, f['pr'])
@@ -74,15 +70,8 @@ for _ = 1, n_jobs do
     added_jobs = added_jobs + 1
   end
 end
-if soonest ~= nil then due_by(tenant, soonest) end
 for state, n in pairs(counted) do
   if n > 0 then redis.call('HINCRBY', k_counts(tenant), state, n) end
-end
--- What push_scheduled does job by job, once: the shard loop sleeps until the earliest run-at
--- it knew of, and is woken when one comes before it.
-if soonest ~= nil and (earliest == nil or soonest < earliest) then
-  redis.call('LPUSH', k_promoter_wake(), '1')
-  redis.call('LTRIM', k_promoter_wake(), 0, 0)
 end
 if top_fence > tonumber(redis.call('GET', k_fence()) or '0') then
   redis.call('SET', k_fence(), top_fence)

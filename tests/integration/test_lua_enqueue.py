@@ -173,6 +173,28 @@ async def test_over_quota_is_refused_and_writes_nothing(shard: ShardClient, redi
     assert await dump(redis) == before
 
 
+async def test_the_quota_counts_the_jobs_made_earlier_in_the_same_batch(
+    shard: ShardClient, redis: Redis
+) -> None:
+    # counts:{t} is written once per tenant at the end of the call: the check must still see
+    # the batch's own jobs, ready and scheduled alike.
+    limits = TenantLimits(max_pending=2)
+    results = await shard.enqueue(
+        [
+            job(request_id="r1", job_id="J1", limits=limits),
+            job(request_id="r2", job_id="J2", limits=limits, delay_ms=5_000),
+            job(request_id="r3", job_id="J3", limits=limits),
+        ]
+    )
+    assert [r.code for r in results] == [ItemCode.OK, ItemCode.OK, ItemCode.OVER_QUOTA]
+    assert await redis.hgetall("sq:counts:acme") == {
+        b"ready": b"1",
+        b"scheduled": b"1",
+        b"submitted": b"2",
+        b"bytes": str(2 * len(P)).encode(),
+    }
+
+
 async def test_rate_limit_refuses_past_the_burst_then_refills(
     shard: ShardClient, redis: Redis, clock: FakeClock
 ) -> None:
