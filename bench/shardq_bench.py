@@ -931,8 +931,8 @@ def scale(req: dict[str, Any]) -> dict[str, Any]:
             "scheduled backlog, after one warm-up pass",
             "backlog": f"{count} jobs of one tenant scheduled 1 h ahead and later, "
             f"payload {avg_payload:.1f} bytes on average, 32-char request IDs",
-            "bytes_per_job": "Redis used_memory growth / jobs: job hash, both delayed ZSET "
-            "entries, the dedupe key",
+            "bytes_per_job": "Redis used_memory growth / jobs: job hash, its entry on its "
+            "tenant's delayed ZSET (and, before the due layout, on the shard's), the dedupe key",
             "bytes_per_job_by_structure": loaded_info["breakdown"],
         },
     }
