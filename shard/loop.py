@@ -5,7 +5,8 @@ every tenant's load (:mod:`shard.load`) and, given the results database, writes 
 jobs that ended without a worker and reconciles Redis with the rows (:mod:`shard.rows`).
 When it starts leading it also converts what a shard written by an earlier shardq still holds
 in the previous key layout (``upgrade_layout.lua``: ready lists without queues, rings per
-priority, the weights hash), alongside the rest. It
+priority, the weights hash), alongside the rest; ``promote.lua`` itself moves the shard-wide
+delayed ZSET of the layout before ``due`` as it goes. It
 sleeps exactly until the next due job or cron tick, and wakes at once when an earlier job is
 scheduled (``enqueue``/``fail`` push a token on ``promoter_wake``). A standby retries the lease
 every third of its TTL, so it takes over within ~1.3 TTL of the leader dying. Promotion is
