@@ -33,8 +33,8 @@ local old = redis.call('ZRANGE', k_old_scheduled(), 0, limit - 1, 'WITHSCORES')
 for n = 1, #old, 2 do
   local tenant = redis.call('HGET', k_job(old[n]), 't')
   if tenant then due_by(tenant, tonumber(old[n + 1])) end
+  redis.call('ZREM', k_old_scheduled(), old[n])
 end
-for n = 1, #old, 2 do redis.call('ZREM', k_old_scheduled(), old[n]) end
 
 -- Entries moved off the earlier layout count as taken, so the caller calls again until none
 -- is left (they go in run-at order: those left are never due before the ones on `due`).
