@@ -305,7 +305,10 @@ def test_sentinel_runs_each_shard_as_a_fenced_primary_with_replicas(
         c = container(replicas["spec"]["template"]["spec"], "redis")
         env = env_of(c)
         assert env["SHARD_INDEX"]["value"] == str(i)
-        assert env["INITIAL_PRIMARY"]["value"].startswith(f"{FULLNAME}-shard-{i}.")
+        assert env["WHOLE_SHARD_WAIT_S"]["value"] == str(sn["wholeShardWaitSeconds"])
+        # Pod i first among shard i's Redis: the whole shard down, it wins a tie of the election.
+        first = env["SHARD_REDIS_HOSTS"]["value"].split(";")[i].split(",")[0]
+        assert first.startswith(f"{FULLNAME}-shard-{i}.{FULLNAME}-shard."), first
         assert replicas["spec"]["volumeClaimTemplates"], "a replica keeps its AOF on a volume"
         redis_of.append(c)
     for c in redis_of:

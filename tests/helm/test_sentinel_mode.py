@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -110,7 +111,15 @@ def test_no_container_has_the_redis_password_on_its_command_line(render: Render,
 
 @contextlib.contextmanager
 def _started(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Its own process group: start-redis.sh may run redis-server as its child (while the shard
+    # elects its primary), which must not outlive the test, however the script ends.
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         yield proc
     finally:
@@ -120,6 +129,8 @@ def _started(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         if proc.stderr:
             proc.stderr.close()
 
@@ -136,11 +147,12 @@ def _answering(port: int, password: str | None, proc: subprocess.Popen[bytes]) -
     raise AssertionError(f"nothing answers on port {port}")
 
 
-def _redis_command(c: Doc, tmp: Path, port: int) -> list[str]:
-    """The Redis container's command and args, with this machine's port and data dir."""
+def _redis_command(c: Doc, tmp: Path, port: int, data_dir: Path | None = None) -> list[str]:
+    """The Redis container's command and args, with this machine's port and data dir (``tmp``,
+    which holds the start script, unless ``data_dir`` is given)."""
     args = [str(a) for a in c["args"]]
     args[args.index("--port") + 1] = str(port)
-    args[args.index("--dir") + 1] = str(tmp)
+    args[args.index("--dir") + 1] = str(data_dir or tmp)
     command = [str(a) for a in c["command"]]
     if command[:2] == ["sh", "/scripts/start-redis.sh"]:
         command = ["sh", str(tmp / "start-redis.sh")]
@@ -170,10 +182,11 @@ def test_a_shard_redis_started_by_the_chart_requires_the_password_it_never_shows
         "SENTINELS": f"127.0.0.1:{free_port()}",
         "SHARD_MASTER": "m",
         "SHARD_INDEX": "0",
-        "SHARD_REDIS_HOSTS": f"127.0.0.1:{free_port()}",  # nor any other Redis of the shard
-        "INITIAL_PRIMARY": "",
-        "POD_FQDN": "self",
+        "SHARD_REDIS_HOSTS": f"127.0.0.1:{port}",  # nor any other Redis of the shard
+        "POD_FQDN": "127.0.0.1",
         "REDIS_PORT": str(port),
+        "KEY_PREFIX": "shardq",
+        "WHOLE_SHARD_WAIT_S": "60",
     }
     with _started(_redis_command(c, tmp_path, port), env) as proc:
         client = _answering(port, PASSWORD, proc)
@@ -255,7 +268,7 @@ def test_a_shard_redis_restarted_while_no_sentinel_answers_follows_the_promoted_
 ) -> None:
     """Shard 0 failed over (a replica promoted), then the first replica pod restarted while
     every sentinel was away: the chart's start-redis.sh finds the promoted replica among the
-    shard's Redis and follows it, not pod i (which would be the INITIAL_PRIMARY it names)."""
+    shard's Redis and follows it, not pod i (the primary of its first start)."""
     r = render("sentinel")
     scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
     (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
@@ -281,9 +294,10 @@ def test_a_shard_redis_restarted_while_no_sentinel_answers_follows_the_promoted_
             # pod i (down), the promoted replica, the other replica; this pod is not up yet.
             "SHARD_REDIS_HOSTS": f"127.0.0.1:{free_port()},127.0.0.1:{promoted.port},"
             f"127.0.0.1:{other.port}",
-            "INITIAL_PRIMARY": "pod-0.invalid",
             "POD_FQDN": "replica-0.invalid",
             "REDIS_PORT": str(port),
+            "KEY_PREFIX": "shardq",
+            "WHOLE_SHARD_WAIT_S": "60",
         }
         with _started(_redis_command(c, tmp_path, port), env) as proc:
             client = _answering(port, "pw", proc)
@@ -295,3 +309,252 @@ def test_a_shard_redis_restarted_while_no_sentinel_answers_follows_the_promoted_
     finally:
         for p in (other, promoted):
             p.cleanup()
+
+
+# --- the whole shard down at once -----------------------------------------------------------------
+
+
+def _pod_data(data_dir: Path, waitmark: int | None, fence: int | None, key: str) -> None:
+    """A shard Redis's AOF as a pod's volume holds it after the shard went down: its marks (the
+    waitmark, INCRed before every WAIT for a replica, and the fencing counter) and one key
+    only it holds."""
+    proc = RedisProcess(data_dir=data_dir).start()
+    try:
+        with redis.Redis(port=proc.port) as r:
+            if waitmark is not None:
+                r.set("shardq:waitmark", waitmark)
+            if fence is not None:
+                r.set("shardq:fence", fence)
+            r.set(key, "1")
+    finally:
+        proc.stop()  # SIGTERM: redis-server flushes its AOF
+
+
+def _pod_env(
+    redis_bin: Path, tmp: Path, port: int, hosts: list[int], wait_s: int
+) -> dict[str, str]:
+    return {
+        "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
+        "TMPDIR": str(tmp),
+        "REDIS_PASSWORD": "pw",
+        "REDISCLI_AUTH": "pw",
+        "SENTINELS": f"127.0.0.1:{free_port()}",  # none answers: every sentinel away too
+        "SHARD_MASTER": "s-0",
+        "SHARD_INDEX": "0",
+        "SHARD_REDIS_HOSTS": ",".join(f"127.0.0.1:{h}" for h in hosts),  # pod i first
+        "POD_FQDN": "127.0.0.1",
+        "REDIS_PORT": str(port),
+        "KEY_PREFIX": "shardq",
+        "WHOLE_SHARD_WAIT_S": str(wait_s),
+    }
+
+
+def _stop_together(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every pod at once: one by one, the primary would wait (shutdown-timeout, 10 s)
+    for replicas that are still up."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+
+
+def _settled(
+    clients: list[Any], procs: list[subprocess.Popen[bytes]], primary: int
+) -> list[dict[str, Any]]:
+    """Until clients[primary] is a primary with every other one replicating from it in sync."""
+    port = clients[primary].connection_pool.connection_kwargs["port"]
+    infos: list[dict[str, Any]] = []
+    for _ in range(1500):
+        for proc in procs:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+        infos = [c.info("replication") for c in clients]
+        followers = [info for k, info in enumerate(infos) if k != primary]
+        if infos[primary]["role"] == "master" and all(
+            f["role"] == "slave" and f["master_port"] == port and f["master_link_status"] == "up"
+            for f in followers
+        ):
+            return infos
+        time.sleep(0.02)
+    raise AssertionError(f"no settled shard with pod {primary} primary: {infos}")
+
+
+@pytest.mark.parametrize(
+    ("marks", "winner"),
+    [
+        # The most acknowledged writes win, though pod i has more claims.
+        ([(5, 9), (7, 3), (6, 8)], 1),
+        # Waitmarks equal (or no replica ever waited for): the fencing counter decides.
+        ([(None, 4), (None, 4), (None, 6)], 2),
+        ([(3, 4), (3, 5), (3, 5)], 1),
+        # A first start (no data anywhere): pod i, the first in pod order.
+        ([(None, None), (None, None), (None, None)], 0),
+    ],
+)
+def test_a_shard_down_all_at_once_comes_back_with_the_redis_that_holds_the_most_writes(
+    render: Render,
+    tmp_path: Path,
+    redis_bin: Path,
+    marks: list[tuple[int | None, int | None]],
+    winner: int,
+) -> None:
+    """Every Redis of shard 0 and every sentinel went down at once. Each pod's start-redis.sh,
+    run against its own AOF, waits (a replica of nobody) until all of the shard's Redis are up,
+    then they elect the one with the highest waitmark, then fence, then pod order: it becomes
+    the primary, with its data, and the others replicate from it (dropping what only they had,
+    which no replica acknowledged)."""
+    r = render("sentinel")
+    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
+    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
+    ports = [free_port() for _ in marks]
+    dirs = [tmp_path / f"pod-{k}" for k in range(len(marks))]
+    for k, (w, f) in enumerate(marks):
+        _pod_data(dirs[k], w, f, f"only-{k}")
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(
+                _started(
+                    _redis_command(c, tmp_path, port, dirs[k]),
+                    _pod_env(redis_bin, tmp_path, port, ports, wait_s=600),
+                )
+            )
+            for k, port in enumerate(ports)
+        ]
+        clients = [
+            stack.enter_context(_answering(port, "pw", proc))
+            for port, proc in zip(ports, procs, strict=True)
+        ]
+        infos = _settled(clients, procs, winner)
+        assert infos[winner]["connected_slaves"] == len(marks) - 1
+        for client in clients:  # the winner's data everywhere; no one else's
+            keys = {k.decode() for k in client.keys("only-*")}
+            assert keys == {f"only-{winner}"}
+        _stop_together(procs)
+
+
+def test_the_shard_waits_for_a_late_redis_that_holds_more_writes(
+    render: Render, tmp_path: Path, redis_bin: Path
+) -> None:
+    """Pod 2, the one holding the most acknowledged writes, comes up last: pods 0 and 1, up
+    and waiting, do not elect one of themselves before it answers (within
+    WHOLE_SHARD_WAIT_S), so its writes are kept."""
+    r = render("sentinel")
+    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
+    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
+    ports = [free_port() for _ in range(3)]
+    dirs = [tmp_path / f"pod-{k}" for k in range(3)]
+    for k, (w, f) in enumerate([(1, 1), (2, 0), (9, 9)]):
+        _pod_data(dirs[k], w, f, f"only-{k}")
+
+    def started(k: int) -> subprocess.Popen[bytes]:
+        env = _pod_env(redis_bin, tmp_path, ports[k], ports, wait_s=600)
+        return stack.enter_context(_started(_redis_command(c, tmp_path, ports[k], dirs[k]), env))
+
+    with contextlib.ExitStack() as stack:
+        procs = [started(0), started(1)]
+        clients = [stack.enter_context(_answering(ports[k], "pw", procs[k])) for k in (0, 1)]
+        # Both up and waiting for the election (replicas of nobody), for a few of its rounds.
+        for client in clients:
+            for _ in range(500):
+                if client.info("persistence")["loading"] == 0:
+                    break
+                time.sleep(0.02)
+            assert client.info("replication")["master_host"] == "electing.shardq.invalid"
+        time.sleep(3)
+        assert [c.info("replication")["role"] for c in clients] == ["slave", "slave"]
+        procs.append(started(2))
+        clients.append(stack.enter_context(_answering(ports[2], "pw", procs[2])))
+        _settled(clients, procs, 2)
+        for client in clients:
+            assert {k.decode() for k in client.keys("only-*")} == {"only-2"}
+        _stop_together(procs)
+
+
+def test_a_pod_that_never_comes_back_is_waited_for_only_so_long(
+    render: Render, tmp_path: Path, redis_bin: Path
+) -> None:
+    """Pod 2's node is gone: after WHOLE_SHARD_WAIT_S, the pods that are up elect among
+    themselves; when pod 2 comes back later, it follows their primary, though its own marks
+    were higher (what it alone held, no replica had acknowledged: the others would have it)."""
+    r = render("sentinel")
+    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
+    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
+    ports = [free_port() for _ in range(3)]
+    dirs = [tmp_path / f"pod-{k}" for k in range(3)]
+    for k, (w, f) in enumerate([(1, 1), (2, 0), (9, 9)]):
+        _pod_data(dirs[k], w, f, f"only-{k}")
+
+    def pod(k: int) -> list[str]:
+        return _redis_command(c, tmp_path, ports[k], dirs[k])
+
+    def env(k: int) -> dict[str, str]:
+        return _pod_env(redis_bin, tmp_path, ports[k], ports, wait_s=1)
+
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(_started(pod(k), env(k))) for k in (0, 1)]
+        clients = [stack.enter_context(_answering(ports[k], "pw", procs[k])) for k in (0, 1)]
+        _settled(clients, procs, 1)
+        procs.append(stack.enter_context(_started(pod(2), env(2))))
+        clients.append(stack.enter_context(_answering(ports[2], "pw", procs[2])))
+        _settled(clients, procs, 1)
+        for client in clients:
+            assert {k.decode() for k in client.keys("only-*")} == {"only-1"}
+        _stop_together(procs)
+
+
+def test_sentinels_started_while_the_shard_elects_monitor_the_winner_not_pod_i(
+    render: Render, tmp_path: Path, redis_bin: Path
+) -> None:
+    """The sentinels come up before the shard's Redis have elected their primary (none of them
+    is one yet): start-sentinel.sh waits for the election rather than monitoring pod i, which
+    would then be a replica that the sentinels take for a primary."""
+    r = render("sentinel")
+    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
+    (tmp_path / "start-sentinel.sh").write_text(scripts["start-sentinel.sh"])
+    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
+    ports = [free_port() for _ in range(2)]
+    dirs = [tmp_path / f"pod-{k}" for k in range(2)]
+    for k, (w, f) in enumerate([(1, 1), (2, 0)]):
+        _pod_data(dirs[k], w, f, f"only-{k}")
+    sentinel_port = free_port()
+    sentinel_env = {
+        "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
+        "SENTINEL_DIR": str(tmp_path),
+        "SENTINEL_PORT": str(sentinel_port),
+        "POD_FQDN": "127.0.0.1",
+        "SENTINELS": f"127.0.0.1:{free_port()}",  # no other sentinel answers
+        "SHARD_NAME": "s",
+        "SHARD_COUNT": "1",
+        "SHARD_REDIS_HOSTS": ",".join(f"127.0.0.1:{p}" for p in ports),
+        "REDIS_PORT": "6379",
+        "QUORUM": "1",
+        "DOWN_AFTER_MS": "5000",
+        "FAILOVER_TIMEOUT_MS": "60000",
+        "PRIMARY_WAIT_S": "600",
+        "REDIS_PASSWORD": "pw",
+        "REDISCLI_AUTH": "pw",
+    }
+    with contextlib.ExitStack() as stack:
+        # First, while no Redis of the shard is up at all.
+        sentinel_proc = stack.enter_context(
+            _started(["sh", str(tmp_path / "start-sentinel.sh")], sentinel_env)
+        )
+        procs = [
+            stack.enter_context(
+                _started(
+                    _redis_command(c, tmp_path, ports[k], dirs[k]),
+                    _pod_env(redis_bin, tmp_path, ports[k], ports, wait_s=600),
+                )
+            )
+            for k in range(2)
+        ]
+        sentinel = stack.enter_context(_answering(sentinel_port, "pw", sentinel_proc))
+        _, found = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0")
+        assert int(found) == ports[1]
+        clients = [
+            stack.enter_context(_answering(p, "pw", proc))
+            for p, proc in zip(ports, procs, strict=True)
+        ]
+        _settled(clients, procs, 1)

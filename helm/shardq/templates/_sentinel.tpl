@@ -1,11 +1,13 @@
 {{/*
 A shard's Redis under Sentinel (shards.sentinel.enabled): the primary's container in the shard
 StatefulSet and each replica's, all but the name. It starts through start-redis.sh, as the
-replica of the primary the sentinels name now (pod i of the shard StatefulSet at first), and
-fences itself: with no replica acknowledging for minReplicasMaxLagS it refuses writes, so a
-primary cut off from the others cannot take writes the promoted replica will not have.
-Call with (dict "ctx" $ "i" <shard index, or "" to read it from the pod> "initialPrimary"
-<FQDN of the shard's first primary, "" for that pod itself> "service" <headless Service>).
+replica of the primary the sentinels name now, or of the one it finds among the shard's Redis,
+or, with the whole shard down, of the one the shard's Redis elect (pod i of the shard
+StatefulSet on a first start). It fences itself: with no replica acknowledging for
+minReplicasMaxLagS it refuses writes, so a primary cut off from the others cannot take writes
+the promoted replica will not have.
+Call with (dict "ctx" $ "i" <shard index, or "" to read it from the pod> "service" <headless
+Service>).
 */}}
 {{- define "shardq.sentinel.redisContainer" -}}
 {{- $ := .ctx -}}
@@ -58,8 +60,10 @@ env:
     value: "{{ include "shardq.shard.fullname" $ }}-$(SHARD_INDEX)"
   - name: SENTINELS
     value: {{ include "shardq.sentinel.group" $ | quote }}
-  - name: INITIAL_PRIMARY
-    value: {{ .initialPrimary | quote }}
+  - name: KEY_PREFIX
+    value: {{ $.Values.keyPrefix | quote }}
+  - name: WHOLE_SHARD_WAIT_S
+    value: {{ $sn.wholeShardWaitSeconds | quote }}
   - name: SHARD_REDIS_HOSTS
     value: {{ include "shardq.sentinel.redisHosts" $ | quote }}
   - name: REDIS_PORT
