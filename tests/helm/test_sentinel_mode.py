@@ -150,7 +150,8 @@ def _answering(port: int, password: str | None, proc: subprocess.Popen[bytes]) -
 def _redis_command(c: Doc, tmp: Path, port: int, data_dir: Path | None = None) -> list[str]:
     """The Redis container's command and args, with this machine's port and data dir (``tmp``,
     which holds the start script, unless ``data_dir`` is given)."""
-    args = [str(a) for a in c["args"]]
+    # (Kubernetes expands $(POD_FQDN) in args: here every pod is 127.0.0.1)
+    args = [str(a).replace("$(POD_FQDN)", "127.0.0.1") for a in c["args"]]
     args[args.index("--port") + 1] = str(port)
     args[args.index("--dir") + 1] = str(data_dir or tmp)
     command = [str(a) for a in c["command"]]
@@ -333,9 +334,13 @@ def _pod_data(data_dir: Path, waitmark: int | None, fence: int | None, key: str)
 def _pod_env(
     redis_bin: Path, tmp: Path, port: int, hosts: list[int], wait_s: int
 ) -> dict[str, str]:
+    """The environment of the pod whose Redis listens on ``port``, with its own /tmp (where the
+    script writes the config file that a sentinel's CONFIG REWRITE rewrites) under ``tmp``."""
+    own_tmp = tmp / f"tmp-{port}"
+    own_tmp.mkdir(exist_ok=True)
     return {
         "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
-        "TMPDIR": str(tmp),
+        "TMPDIR": str(own_tmp),
         "REDIS_PASSWORD": "pw",
         "REDISCLI_AUTH": "pw",
         "SENTINELS": f"127.0.0.1:{free_port()}",  # none answers: every sentinel away too
@@ -558,3 +563,93 @@ def test_sentinels_started_while_the_shard_elects_monitor_the_winner_not_pod_i(
             for p, proc in zip(ports, procs, strict=True)
         ]
         _settled(clients, procs, 1)
+
+
+# --- a primary restarted in place -----------------------------------------------------------------
+
+
+def _sentinel_env(redis_bin: Path, tmp: Path, port: int, hosts: list[int]) -> dict[str, str]:
+    return {
+        "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
+        "SENTINEL_DIR": str(tmp),
+        "SENTINEL_PORT": str(port),
+        "POD_FQDN": "127.0.0.1",
+        "SENTINELS": f"127.0.0.1:{free_port()}",  # no other sentinel answers
+        "SHARD_NAME": "s",
+        "SHARD_COUNT": "1",
+        "SHARD_REDIS_HOSTS": ",".join(f"127.0.0.1:{p}" for p in hosts),
+        "REDIS_PORT": "6379",
+        "QUORUM": "1",
+        # Longer than the test: the sentinel never fails over on its own here.
+        "DOWN_AFTER_MS": "600000",
+        "FAILOVER_TIMEOUT_MS": "60000",
+        "PRIMARY_WAIT_S": "600",
+        "REDIS_PASSWORD": "pw",
+        "REDISCLI_AUTH": "pw",
+    }
+
+
+@pytest.mark.parametrize("replica_ahead", [True, False])
+def test_a_primary_restarted_in_place_takes_the_shard_back_only_if_no_replica_is_ahead(
+    render: Render, tmp_path: Path, redis_bin: Path, replica_ahead: bool
+) -> None:
+    """Pod 0, the primary, is killed (-9) and restarts before the sentinels fail over, so they
+    still name it. When its AOF lacks writes a replica acknowledged (the last second of
+    appendfsync everysec, made here by writing the replica's waitmark past it), it does not
+    take the shard back, which would make the replica drop them: it has the sentinels promote
+    the replica now and follows it. When no replica is ahead, it is the primary again."""
+    r = render("sentinel")
+    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
+    (tmp_path / "start-sentinel.sh").write_text(scripts["start-sentinel.sh"])
+    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
+    ports = [free_port() for _ in range(2)]
+    dirs = [tmp_path / f"pod-{k}" for k in range(2)]
+    for d in dirs:
+        d.mkdir()
+
+    def pod(k: int) -> list[str]:
+        return _redis_command(c, tmp_path, ports[k], dirs[k])
+
+    def env(k: int) -> dict[str, str]:
+        return _pod_env(redis_bin, tmp_path, ports[k], ports, wait_s=600)
+
+    with contextlib.ExitStack() as stack:
+        sentinel_port = free_port()
+        sentinel_env = _sentinel_env(redis_bin, tmp_path, sentinel_port, ports)
+        # A first start: pod 0 primary, pod 1 its replica, a sentinel watching them.
+        procs = [stack.enter_context(_started(pod(k), env(k))) for k in (0, 1)]
+        clients = [stack.enter_context(_answering(ports[k], "pw", procs[k])) for k in (0, 1)]
+        _settled(clients, procs, 0)
+        sentinel_proc = stack.enter_context(
+            _started(["sh", str(tmp_path / "start-sentinel.sh")], sentinel_env)
+        )
+        sentinel = stack.enter_context(_answering(sentinel_port, "pw", sentinel_proc))
+        for _ in range(1500):  # until it has learnt the replica from the primary
+            if sentinel.execute_command("SENTINEL", "REPLICAS", "s-0"):
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError("the sentinel never learnt the replica")
+        clients[0].set("shardq:waitmark", 5)
+        for _ in range(500):
+            if clients[1].get("shardq:waitmark") == b"5":
+                break
+            time.sleep(0.02)
+        if replica_ahead:  # what pod 0's AOF lost: on the replica only
+            clients[1].config_set("replica-read-only", "no")
+            clients[1].set("shardq:waitmark", 6)
+            clients[1].set("only-replica", "1")
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        procs[0].wait(10)
+        env_k = env(0)
+        env_k["SENTINELS"] = f"127.0.0.1:{sentinel_port}"
+        procs[0] = stack.enter_context(_started(pod(0), env_k))
+        clients[0] = stack.enter_context(_answering(ports[0], "pw", procs[0]))
+        _settled(clients, procs, 1 if replica_ahead else 0)
+        want = b"6" if replica_ahead else b"5"
+        assert [cl.get("shardq:waitmark") for cl in clients] == [want, want]
+        if replica_ahead:
+            _, port = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0")
+            assert int(port) == ports[1]
+        _stop_together([*procs, sentinel_proc])
