@@ -525,6 +525,8 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):
         await self.c.require_role(context, "admin")
         tenant = validation.tenant_id(request.tenant_id)
         stored = await self.c.stored_limits(tenant)
+        if request.stored_only:
+            return convert.limits_to_pb(stored)
         return convert.limits_to_pb(self.c.with_defaults(tenant, stored))
 
     @unary

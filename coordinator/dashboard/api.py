@@ -85,8 +85,10 @@ class Api:
                 self.admin.Pause, admin_pb2.PauseRequest(tenant_id=tenant, queue=queue), md
             )
 
-    async def get_limits(self, md: Any, tenant: str) -> common_pb2.TenantLimits:
-        req = admin_pb2.GetTenantLimitsRequest(tenant_id=tenant)
+    async def get_limits(
+        self, md: Any, tenant: str, stored_only: bool = False
+    ) -> common_pb2.TenantLimits:
+        req = admin_pb2.GetTenantLimitsRequest(tenant_id=tenant, stored_only=stored_only)
         return await self._call(self.admin.GetTenantLimits, req, md)  # type: ignore[no-any-return]
 
     async def set_limits(

@@ -474,8 +474,21 @@ class Dashboard:
                 resp = await self.a.list_jobs(session.metadata, tenant, STATES[name], 10, "")
                 recent[name] = list(resp.jobs)
         queues = sorted({j.queue for jobs in recent.values() for j in jobs} | {"default"})
+        # The limits form shows what the tenant's row sets (the effective value, a default,
+        # as the placeholder of an empty field): sent back unchanged, it changes nothing.
+        own = (
+            await self.a.get_limits(session.metadata, tenant, stored_only=True)
+            if session.is_admin
+            else None
+        )
         return self.render(
-            request, "tenant.html", tenant=tenant, stats=stats, recent=recent, queues=queues
+            request,
+            "tenant.html",
+            tenant=tenant,
+            stats=stats,
+            own=own,
+            recent=recent,
+            queues=queues,
         )
 
     async def tenant_pause(self, request: Request) -> Response:
@@ -503,9 +516,10 @@ class Dashboard:
             self._admin_only(session)
             tenant = self.tenant_of(session, request.path_params["tenant"])
             # SetTenantLimits replaces the whole message: the fields this form does not show
-            # (retention, dedupe window) keep what the tenant has (GetTenantLimits: the shard's
-            # stats do not carry retention, which the purge reads from Postgres).
-            limits = await self.a.get_limits(session.metadata, tenant)
+            # (retention, dedupe window) keep what the tenant's row sets, and a default stays
+            # a default (stored_only: the merged limits would write today's defaults into
+            # the row for good).
+            limits = await self.a.get_limits(session.metadata, tenant, stored_only=True)
             try:
                 for name in FORM_LIMITS:
                     kind = float if name == "submit_rate_per_s" else int

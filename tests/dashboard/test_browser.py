@@ -157,16 +157,29 @@ async def other_pages(page: Page, url: str, client: AsyncClient, img: Path) -> N
 
 async def limits_form(page: Page, url: str, admin: AsyncClient) -> None:
     """The tenant page's limits form changes what it shows and keeps what it does not
-    (SetTenantLimits replaces the whole message): retention and the dedupe window stay."""
+    (SetTenantLimits replaces the whole message): retention and the dedupe window stay, and
+    a limit the tenant takes from the server's defaults stays a default (empty, the default
+    greyed), not written into its row, where it would outlive a change of the defaults."""
     kept = TenantLimits(result_retention_s=3600, dedupe_window_s=7200)
     await admin.set_tenant_limits(kept, TENANT)
+    default_pending = (await admin.tenant_limits(TENANT)).max_pending
+    assert default_pending, "the cluster's coordinator has a max_pending default"
     await page.goto(f"{url}/tenants/{TENANT}")
+    pending = page.locator("form.limits input[name=max_pending]")
+    await expect(pending).to_have_value("")
+    await expect(pending).to_have_attribute("placeholder", str(default_pending))
     await page.fill("form.limits input[name=weight]", "3")
     await page.click("form.limits button")
     await expect(page.locator(".question")).to_contain_text("Set the limits")
     await page.click("#confirm")
     now = await admin.tenant_limits(TENANT)
     assert (now.weight, now.result_retention_s, now.dedupe_window_s) == (3, 3600, 7200), now
+    assert now.max_pending == default_pending
+    assert await admin.tenant_limits(TENANT, stored_only=True) == TenantLimits(
+        weight=3, result_retention_s=3600, dedupe_window_s=7200
+    )
+    await page.goto(f"{url}/tenants/{TENANT}")
+    await expect(page.locator("form.limits input[name=weight]")).to_have_value("3")
 
 
 async def bad_input(page: Page, url: str) -> None:

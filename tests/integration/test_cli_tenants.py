@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from shardq import client
 from shardq.coordinator import cli
 from shardq.shard.models import TenantLimits
 from tests.support.cli import Shardq, cluster_of_its_own, one_error_line
@@ -72,12 +73,32 @@ async def test_tenants_set_changes_only_the_flags_given_and_shows_before_and_aft
         "dedupe_window_s": 86_400, "max_watch_streams": 32,
     }  # fmt: skip
     shard = cluster.coordinator.pool.get(cluster.coordinator.shard_map.shard_for("acme"))[0]
+    # The dedupe window is a default (the shard's own 24 h): not written into its limits.
     assert await shard.limits("acme") == TenantLimits(
         weight=3, max_active=4, submit_rate_per_s=2.5, submit_burst=10, max_pending=50,
-        max_pending_bytes=4096, dedupe_window_s=86_400,
+        max_pending_bytes=4096,
     )  # fmt: skip
     back = await shardq("tenants", "set", "acme", "--max-pending", "0", "--json")
     assert back.json()["after"]["max_pending"] == 1_000_000  # type: ignore[index]
+
+
+async def test_tenants_set_leaves_the_defaults_out_of_the_tenants_row(
+    shardq: Shardq, cluster: Cluster
+) -> None:
+    """A change of one limit stores that one: the limits the tenant took from the server's
+    defaults (the coordinator's max_pending, the 24 h dedupe window) stay defaults, which it
+    follows when they change, rather than being written into its row as they are today."""
+    run = await shardq("tenants", "set", "follower", "--weight", "2", "--json")
+    assert run.code == 0, run.err
+    doc = run.json()
+    assert isinstance(doc, dict)
+    assert doc["before"]["max_pending"] == doc["after"]["max_pending"] == 1_000_000
+    admin = await cluster.client()
+    assert await admin.tenant_limits("follower", stored_only=True) == client.TenantLimits(weight=2)
+    effective = await admin.tenant_limits("follower")
+    assert (effective.weight, effective.max_pending, effective.dedupe_window_s) == (
+        2, 1_000_000, 86_400,
+    )  # fmt: skip
 
 
 async def test_tenants_set_refuses_nothing_to_change_and_bad_values_in_one_line(

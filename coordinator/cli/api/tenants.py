@@ -92,7 +92,10 @@ def tenants_set(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"nothing to change: give one or more of {flags}", field="limits")
     with api_client(args) as client:
         before = client.tenant_limits(args.tenant_id)
-        after = client.set_tenant_limits(replace(before, **changes), args.tenant_id)
+        # The change goes onto what the tenant's row sets alone: the defaults stay defaults,
+        # and a tenant follows them when they change.
+        stored = client.tenant_limits(args.tenant_id, stored_only=True)
+        after = client.set_tenant_limits(replace(stored, **changes), args.tenant_id)
     old, new = limits_dict(before), limits_dict(after)
     if args.json:
         print_json({"tenant_id": args.tenant_id, "before": old, "after": new})

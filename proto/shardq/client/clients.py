@@ -196,9 +196,11 @@ class Client(ClientBase):
         req = self.requests.set_tenant_limits(limits, tenant_id)
         return TenantLimits.from_proto(self._call(self.stubs.admin.SetTenantLimits, req))
 
-    def tenant_limits(self, tenant_id: str = "") -> TenantLimits:
-        """Admin: a tenant's limits as stored, server defaults applied."""
-        req = self.requests.tenant_limits(tenant_id)
+    def tenant_limits(self, tenant_id: str = "", stored_only: bool = False) -> TenantLimits:
+        """Admin: a tenant's limits as stored, server defaults applied; ``stored_only``: what
+        the tenant's row sets alone (0: the default applies), the base of a change made with
+        :meth:`set_tenant_limits`, which would otherwise store today's defaults for good."""
+        req = self.requests.tenant_limits(tenant_id, stored_only)
         return TenantLimits.from_proto(self._call(self.stubs.admin.GetTenantLimits, req))
 
     def pause(self, tenant_id: str = "", queue: str = "") -> None:
@@ -369,8 +371,8 @@ class AsyncClient(ClientBase):
         req = self.requests.set_tenant_limits(limits, tenant_id)
         return TenantLimits.from_proto(await self._call(self.stubs.admin.SetTenantLimits, req))
 
-    async def tenant_limits(self, tenant_id: str = "") -> TenantLimits:
-        req = self.requests.tenant_limits(tenant_id)
+    async def tenant_limits(self, tenant_id: str = "", stored_only: bool = False) -> TenantLimits:
+        req = self.requests.tenant_limits(tenant_id, stored_only)
         return TenantLimits.from_proto(await self._call(self.stubs.admin.GetTenantLimits, req))
 
     async def pause(self, tenant_id: str = "", queue: str = "") -> None:

@@ -268,8 +268,12 @@ class Requests:
             tenant_id=tenant_id or self.tenant_id, limits=limits.to_proto()
         )
 
-    def tenant_limits(self, tenant_id: str) -> admin_pb2.GetTenantLimitsRequest:
-        return admin_pb2.GetTenantLimitsRequest(tenant_id=tenant_id or self.tenant_id)
+    def tenant_limits(
+        self, tenant_id: str, stored_only: bool = False
+    ) -> admin_pb2.GetTenantLimitsRequest:
+        return admin_pb2.GetTenantLimitsRequest(
+            tenant_id=tenant_id or self.tenant_id, stored_only=stored_only
+        )
 
 
 def _with_request_id(spec: common_pb2.JobSpec) -> common_pb2.JobSpec:

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from shardq.v1 import common_pb2 as shardq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15shardq/v1/admin.proto\x12\tshardq.v1\x1a\x16shardq/v1/common.proto\"\x14\n\x12GetShardMapRequest\"\xd2\x01\n\x08ShardMap\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12 \n\x06shards\x18\x02 \x03(\x0b\x32\x10.shardq.v1.Shard\x12)\n\x0bslot_ranges\x18\x03 \x03(\x0b\x32\x14.shardq.v1.SlotRange\x12\"\n\x04pins\x18\x04 \x03(\x0b\x32\x14.shardq.v1.TenantPin\x12\x30\n\x11moves_in_progress\x18\x05 \x03(\x0b\x32\x15.shardq.v1.TenantMove\x12\x12\n\nslot_count\x18\x06 \x01(\r\"`\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12$\n\x05state\x18\x04 \x01(\x0e\x32\x15.shardq.v1.ShardState\"C\n\tSlotRange\x12\x12\n\nstart_slot\x18\x01 \x01(\r\x12\x10\n\x08\x65nd_slot\x18\x02 \x01(\r\x12\x10\n\x08shard_id\x18\x03 \x01(\r\"0\n\tTenantPin\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\r\"g\n\nTenantMove\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\rfrom_shard_id\x18\x02 \x01(\r\x12\x13\n\x0bto_shard_id\x18\x03 \x01(\r\x12\x1a\n\x12started_at_unix_ms\x18\x04 \x01(\x03\"c\n\x16ListTenantStatsRequest\x12\x15\n\x08shard_id\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\tB\x0b\n\t_shard_id\"[\n\x17ListTenantStatsResponse\x12\'\n\x07tenants\x18\x01 \x03(\x0b\x32\x16.shardq.v1.TenantStats\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"T\n\x16SetTenantLimitsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\'\n\x06limits\x18\x02 \x01(\x0b\x32\x17.shardq.v1.TenantLimits\"+\n\x16GetTenantLimitsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"0\n\x0cPauseRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"\x0f\n\rPauseResponse\"1\n\rResumeRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"\x10\n\x0eResumeResponse\"\x18\n\x16ListShardStatusRequest\"g\n\x17ListShardStatusResponse\x12&\n\x06shards\x18\x01 \x03(\x0b\x32\x16.shardq.v1.ShardStatus\x12$\n\x05moves\x18\x02 \x03(\x0b\x32\x15.shardq.v1.MoveStatus\"\xfd\x02\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.shardq.v1.ShardState\x12\x11\n\treachable\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x19\n\x11used_memory_bytes\x18\x06 \x01(\x04\x12\x1a\n\x12leader_instance_id\x18\x07 \x01(\t\x12\x15\n\rleader_ttl_ms\x18\x08 \x01(\x03\x12\x14\n\x0ctenant_count\x18\t \x01(\r\x12\x11\n\tscheduled\x18\n \x01(\x04\x12\r\n\x05ready\x18\x0b \x01(\x04\x12\x0e\n\x06\x61\x63tive\x18\x0c \x01(\x04\x12\x0c\n\x04\x64\x65\x61\x64\x18\r \x01(\x04\x12\x17\n\x0fsubmitted_total\x18\x0e \x01(\x04\x12\x17\n\x0f\x63ompleted_total\x18\x0f \x01(\x04\x12\x14\n\x0c\x66\x61iled_total\x18\x10 \x01(\x04\x12\x17\n\x0f\x64ue_lateness_ms\x18\x11 \x01(\x03\"\xb0\x01\n\nMoveStatus\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\rfrom_shard_id\x18\x02 \x01(\r\x12\x13\n\x0bto_shard_id\x18\x03 \x01(\r\x12\x1a\n\x12started_at_unix_ms\x18\x04 \x01(\x03\x12\x16\n\x0ejobs_on_source\x18\x05 \x01(\x04\x12\x16\n\x0ejobs_on_target\x18\x06 \x01(\x04\x12\x17\n\x0fjobs_in_transit\x18\x07 \x01(\x04*[\n\nShardState\x12\x1b\n\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SHARD_STATE_ACTIVE\x10\x01\x12\x18\n\x14SHARD_STATE_DRAINING\x10\x02\x32\x9e\x04\n\x0c\x41\x64minService\x12\x41\n\x0bGetShardMap\x12\x1d.shardq.v1.GetShardMapRequest\x1a\x13.shardq.v1.ShardMap\x12X\n\x0fListTenantStats\x12!.shardq.v1.ListTenantStatsRequest\x1a\".shardq.v1.ListTenantStatsResponse\x12M\n\x0fSetTenantLimits\x12!.shardq.v1.SetTenantLimitsRequest\x1a\x17.shardq.v1.TenantLimits\x12M\n\x0fGetTenantLimits\x12!.shardq.v1.GetTenantLimitsRequest\x1a\x17.shardq.v1.TenantLimits\x12:\n\x05Pause\x12\x17.shardq.v1.PauseRequest\x1a\x18.shardq.v1.PauseResponse\x12=\n\x06Resume\x12\x18.shardq.v1.ResumeRequest\x1a\x19.shardq.v1.ResumeResponse\x12X\n\x0fListShardStatus\x12!.shardq.v1.ListShardStatusRequest\x1a\".shardq.v1.ListShardStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15shardq/v1/admin.proto\x12\tshardq.v1\x1a\x16shardq/v1/common.proto\"\x14\n\x12GetShardMapRequest\"\xd2\x01\n\x08ShardMap\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12 \n\x06shards\x18\x02 \x03(\x0b\x32\x10.shardq.v1.Shard\x12)\n\x0bslot_ranges\x18\x03 \x03(\x0b\x32\x14.shardq.v1.SlotRange\x12\"\n\x04pins\x18\x04 \x03(\x0b\x32\x14.shardq.v1.TenantPin\x12\x30\n\x11moves_in_progress\x18\x05 \x03(\x0b\x32\x15.shardq.v1.TenantMove\x12\x12\n\nslot_count\x18\x06 \x01(\r\"`\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12$\n\x05state\x18\x04 \x01(\x0e\x32\x15.shardq.v1.ShardState\"C\n\tSlotRange\x12\x12\n\nstart_slot\x18\x01 \x01(\r\x12\x10\n\x08\x65nd_slot\x18\x02 \x01(\r\x12\x10\n\x08shard_id\x18\x03 \x01(\r\"0\n\tTenantPin\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\r\"g\n\nTenantMove\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\rfrom_shard_id\x18\x02 \x01(\r\x12\x13\n\x0bto_shard_id\x18\x03 \x01(\r\x12\x1a\n\x12started_at_unix_ms\x18\x04 \x01(\x03\"c\n\x16ListTenantStatsRequest\x12\x15\n\x08shard_id\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\tB\x0b\n\t_shard_id\"[\n\x17ListTenantStatsResponse\x12\'\n\x07tenants\x18\x01 \x03(\x0b\x32\x16.shardq.v1.TenantStats\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"T\n\x16SetTenantLimitsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\'\n\x06limits\x18\x02 \x01(\x0b\x32\x17.shardq.v1.TenantLimits\"@\n\x16GetTenantLimitsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x13\n\x0bstored_only\x18\x02 \x01(\x08\"0\n\x0cPauseRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"\x0f\n\rPauseResponse\"1\n\rResumeRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\"\x10\n\x0eResumeResponse\"\x18\n\x16ListShardStatusRequest\"g\n\x17ListShardStatusResponse\x12&\n\x06shards\x18\x01 \x03(\x0b\x32\x16.shardq.v1.ShardStatus\x12$\n\x05moves\x18\x02 \x03(\x0b\x32\x15.shardq.v1.MoveStatus\"\xfd\x02\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.shardq.v1.ShardState\x12\x11\n\treachable\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x19\n\x11used_memory_bytes\x18\x06 \x01(\x04\x12\x1a\n\x12leader_instance_id\x18\x07 \x01(\t\x12\x15\n\rleader_ttl_ms\x18\x08 \x01(\x03\x12\x14\n\x0ctenant_count\x18\t \x01(\r\x12\x11\n\tscheduled\x18\n \x01(\x04\x12\r\n\x05ready\x18\x0b \x01(\x04\x12\x0e\n\x06\x61\x63tive\x18\x0c \x01(\x04\x12\x0c\n\x04\x64\x65\x61\x64\x18\r \x01(\x04\x12\x17\n\x0fsubmitted_total\x18\x0e \x01(\x04\x12\x17\n\x0f\x63ompleted_total\x18\x0f \x01(\x04\x12\x14\n\x0c\x66\x61iled_total\x18\x10 \x01(\x04\x12\x17\n\x0f\x64ue_lateness_ms\x18\x11 \x01(\x03\"\xb0\x01\n\nMoveStatus\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\rfrom_shard_id\x18\x02 \x01(\r\x12\x13\n\x0bto_shard_id\x18\x03 \x01(\r\x12\x1a\n\x12started_at_unix_ms\x18\x04 \x01(\x03\x12\x16\n\x0ejobs_on_source\x18\x05 \x01(\x04\x12\x16\n\x0ejobs_on_target\x18\x06 \x01(\x04\x12\x17\n\x0fjobs_in_transit\x18\x07 \x01(\x04*[\n\nShardState\x12\x1b\n\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SHARD_STATE_ACTIVE\x10\x01\x12\x18\n\x14SHARD_STATE_DRAINING\x10\x02\x32\x9e\x04\n\x0c\x41\x64minService\x12\x41\n\x0bGetShardMap\x12\x1d.shardq.v1.GetShardMapRequest\x1a\x13.shardq.v1.ShardMap\x12X\n\x0fListTenantStats\x12!.shardq.v1.ListTenantStatsRequest\x1a\".shardq.v1.ListTenantStatsResponse\x12M\n\x0fSetTenantLimits\x12!.shardq.v1.SetTenantLimitsRequest\x1a\x17.shardq.v1.TenantLimits\x12M\n\x0fGetTenantLimits\x12!.shardq.v1.GetTenantLimitsRequest\x1a\x17.shardq.v1.TenantLimits\x12:\n\x05Pause\x12\x17.shardq.v1.PauseRequest\x1a\x18.shardq.v1.PauseResponse\x12=\n\x06Resume\x12\x18.shardq.v1.ResumeRequest\x1a\x19.shardq.v1.ResumeResponse\x12X\n\x0fListShardStatus\x12!.shardq.v1.ListShardStatusRequest\x1a\".shardq.v1.ListShardStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shardq.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SHARDSTATE']._serialized_start=1772
-  _globals['_SHARDSTATE']._serialized_end=1863
+  _globals['_SHARDSTATE']._serialized_start=1793
+  _globals['_SHARDSTATE']._serialized_end=1884
   _globals['_GETSHARDMAPREQUEST']._serialized_start=60
   _globals['_GETSHARDMAPREQUEST']._serialized_end=80
   _globals['_SHARDMAP']._serialized_start=83
@@ -53,23 +53,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETTENANTLIMITSREQUEST']._serialized_start=811
   _globals['_SETTENANTLIMITSREQUEST']._serialized_end=895
   _globals['_GETTENANTLIMITSREQUEST']._serialized_start=897
-  _globals['_GETTENANTLIMITSREQUEST']._serialized_end=940
-  _globals['_PAUSEREQUEST']._serialized_start=942
-  _globals['_PAUSEREQUEST']._serialized_end=990
-  _globals['_PAUSERESPONSE']._serialized_start=992
-  _globals['_PAUSERESPONSE']._serialized_end=1007
-  _globals['_RESUMEREQUEST']._serialized_start=1009
-  _globals['_RESUMEREQUEST']._serialized_end=1058
-  _globals['_RESUMERESPONSE']._serialized_start=1060
-  _globals['_RESUMERESPONSE']._serialized_end=1076
-  _globals['_LISTSHARDSTATUSREQUEST']._serialized_start=1078
-  _globals['_LISTSHARDSTATUSREQUEST']._serialized_end=1102
-  _globals['_LISTSHARDSTATUSRESPONSE']._serialized_start=1104
-  _globals['_LISTSHARDSTATUSRESPONSE']._serialized_end=1207
-  _globals['_SHARDSTATUS']._serialized_start=1210
-  _globals['_SHARDSTATUS']._serialized_end=1591
-  _globals['_MOVESTATUS']._serialized_start=1594
-  _globals['_MOVESTATUS']._serialized_end=1770
-  _globals['_ADMINSERVICE']._serialized_start=1866
-  _globals['_ADMINSERVICE']._serialized_end=2408
+  _globals['_GETTENANTLIMITSREQUEST']._serialized_end=961
+  _globals['_PAUSEREQUEST']._serialized_start=963
+  _globals['_PAUSEREQUEST']._serialized_end=1011
+  _globals['_PAUSERESPONSE']._serialized_start=1013
+  _globals['_PAUSERESPONSE']._serialized_end=1028
+  _globals['_RESUMEREQUEST']._serialized_start=1030
+  _globals['_RESUMEREQUEST']._serialized_end=1079
+  _globals['_RESUMERESPONSE']._serialized_start=1081
+  _globals['_RESUMERESPONSE']._serialized_end=1097
+  _globals['_LISTSHARDSTATUSREQUEST']._serialized_start=1099
+  _globals['_LISTSHARDSTATUSREQUEST']._serialized_end=1123
+  _globals['_LISTSHARDSTATUSRESPONSE']._serialized_start=1125
+  _globals['_LISTSHARDSTATUSRESPONSE']._serialized_end=1228
+  _globals['_SHARDSTATUS']._serialized_start=1231
+  _globals['_SHARDSTATUS']._serialized_end=1612
+  _globals['_MOVESTATUS']._serialized_start=1615
+  _globals['_MOVESTATUS']._serialized_end=1791
+  _globals['_ADMINSERVICE']._serialized_start=1887
+  _globals['_ADMINSERVICE']._serialized_end=2429
 # @@protoc_insertion_point(module_scope)

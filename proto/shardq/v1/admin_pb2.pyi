@@ -356,22 +356,29 @@ Global___SetTenantLimitsRequest: _TypeAlias = SetTenantLimitsRequest  # noqa: Y0
 @_typing.final
 class GetTenantLimitsRequest(_message.Message):
     """GetTenantLimitsRequest names the tenant.
-    Next ID: 2
+    Next ID: 3
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
+    STORED_ONLY_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Tenant whose limits to read."""
+    stored_only: _builtins.bool
+    """Only what the tenant's own row sets, 0 where a server default applies: what a
+    read-modify-write (SetTenantLimits replaces the whole message) must start from, or it
+    writes the defaults of today into the row, and the tenant keeps them when they change.
+    """
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
+        stored_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stored_only", b"stored_only", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -104,7 +104,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetTenantLimits(self, request, context):
-        """GetTenantLimits returns a tenant's limits as stored (server defaults applied).
+        """GetTenantLimits returns a tenant's limits as stored, server defaults applied where the
+        row sets nothing (with stored_only: the row alone).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -55,7 +55,9 @@ class AdminServiceStub:
     reached; retrying is safe).
     """
     GetTenantLimits: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetTenantLimitsRequest, _common_pb2.TenantLimits]
-    """GetTenantLimits returns a tenant's limits as stored (server defaults applied)."""
+    """GetTenantLimits returns a tenant's limits as stored, server defaults applied where the
+    row sets nothing (with stored_only: the row alone).
+    """
     Pause: _grpc.UnaryUnaryMultiCallable[_admin_pb2.PauseRequest, _admin_pb2.PauseResponse]
     """Pause stops claims: of one tenant (tenant_id alone), of one queue for every tenant
     (queue alone), or of one tenant's queue (both). Submits are still accepted and
@@ -90,7 +92,9 @@ class AdminServiceAsyncStub(AdminServiceStub):
     reached; retrying is safe).
     """
     GetTenantLimits: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetTenantLimitsRequest, _common_pb2.TenantLimits]  # type: ignore[assignment]
-    """GetTenantLimits returns a tenant's limits as stored (server defaults applied)."""
+    """GetTenantLimits returns a tenant's limits as stored, server defaults applied where the
+    row sets nothing (with stored_only: the row alone).
+    """
     Pause: _aio.UnaryUnaryMultiCallable[_admin_pb2.PauseRequest, _admin_pb2.PauseResponse]  # type: ignore[assignment]
     """Pause stops claims: of one tenant (tenant_id alone), of one queue for every tenant
     (queue alone), or of one tenant's queue (both). Submits are still accepted and
@@ -146,7 +150,9 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetTenantLimitsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.TenantLimits, _abc.Awaitable[_common_pb2.TenantLimits]]:
-        """GetTenantLimits returns a tenant's limits as stored (server defaults applied)."""
+        """GetTenantLimits returns a tenant's limits as stored, server defaults applied where the
+        row sets nothing (with stored_only: the row alone).
+        """
 
     @_abc_1.abstractmethod
     def Pause(
