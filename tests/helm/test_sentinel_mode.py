@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -331,55 +332,125 @@ def _pod_data(data_dir: Path, waitmark: int | None, fence: int | None, key: str)
         proc.stop()  # SIGTERM: redis-server flushes its AOF
 
 
-def _pod_env(
-    redis_bin: Path, tmp: Path, port: int, hosts: list[int], wait_s: int
-) -> dict[str, str]:
-    """The environment of the pod whose Redis listens on ``port``, with its own /tmp (where the
-    script writes the config file that a sentinel's CONFIG REWRITE rewrites) under ``tmp``."""
-    own_tmp = tmp / f"tmp-{port}"
-    own_tmp.mkdir(exist_ok=True)
-    return {
-        "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
-        "TMPDIR": str(own_tmp),
-        "REDIS_PASSWORD": "pw",
-        "REDISCLI_AUTH": "pw",
-        "SENTINELS": f"127.0.0.1:{free_port()}",  # none answers: every sentinel away too
-        "SHARD_MASTER": "s-0",
-        "SHARD_INDEX": "0",
-        "SHARD_REDIS_HOSTS": ",".join(f"127.0.0.1:{h}" for h in hosts),  # pod i first
-        "POD_FQDN": "127.0.0.1",
-        "REDIS_PORT": str(port),
-        "KEY_PREFIX": "shardq",
-        "WHOLE_SHARD_WAIT_S": str(wait_s),
-    }
+Marks = list[tuple[int | None, int | None]]
 
 
-def _stop_together(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM to every pod at once: one by one, the primary would wait (shutdown-timeout, 10 s)
-    for replicas that are still up."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
+@dataclasses.dataclass
+class _Shard:
+    """Shard 0's Redis pods and a sentinel run here as the chart runs them (start-redis.sh and
+    start-sentinel.sh, rendered by the real helm), each pod with its own port, AOF directory
+    (``only-<k>`` and the marks given, when given) and /tmp, where the script writes the config
+    file that a sentinel's CONFIG REWRITE rewrites. Every process ends with the test."""
 
+    stack: contextlib.ExitStack
+    tmp: Path
+    redis_bin: Path
+    container: Doc
+    ports: list[int]
+    dirs: list[Path]
+    #: The pods' WHOLE_SHARD_WAIT_S.
+    wait_s: int = 600
+    #: The pods' SENTINELS: by default a port nobody listens on (every sentinel away).
+    sentinels: str = ""
+    procs: dict[int, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
+    clients: dict[int, Any] = dataclasses.field(default_factory=dict)
 
-def _settled(
-    clients: list[Any], procs: list[subprocess.Popen[bytes]], primary: int
-) -> list[dict[str, Any]]:
-    """Until clients[primary] is a primary with every other one replicating from it in sync."""
-    port = clients[primary].connection_pool.connection_kwargs["port"]
-    infos: list[dict[str, Any]] = []
-    for _ in range(1500):
-        for proc in procs:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
-        infos = [c.info("replication") for c in clients]
-        followers = [info for k, info in enumerate(infos) if k != primary]
-        if infos[primary]["role"] == "master" and all(
-            f["role"] == "slave" and f["master_port"] == port and f["master_link_status"] == "up"
-            for f in followers
-        ):
-            return infos
-        time.sleep(0.02)
-    raise AssertionError(f"no settled shard with pod {primary} primary: {infos}")
+    @classmethod
+    def of(
+        cls, render: Render, stack: contextlib.ExitStack, tmp: Path, redis_bin: Path, marks: Marks
+    ) -> _Shard:
+        r = render("sentinel")
+        scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
+        for name in ("start-redis.sh", "start-sentinel.sh"):
+            (tmp / name).write_text(scripts[name])
+        spec = r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"]
+        dirs = [tmp / f"pod-{k}" for k in range(len(marks))]
+        for k, (w, f) in enumerate(marks):
+            _pod_data(dirs[k], w, f, f"only-{k}")
+        ports = [free_port() for _ in marks]
+        return cls(stack, tmp, redis_bin, container(spec, "redis"), ports, dirs)
+
+    def start(self, k: int) -> Any:
+        """Pod k's Redis, started; its client once it answers."""
+        port = self.ports[k]
+        own_tmp = self.tmp / f"tmp-{port}"
+        own_tmp.mkdir(exist_ok=True)
+        env = {
+            "PATH": f"{self.redis_bin}{os.pathsep}{os.environ['PATH']}",
+            "TMPDIR": str(own_tmp),
+            "REDIS_PASSWORD": "pw",
+            "REDISCLI_AUTH": "pw",
+            "SENTINELS": self.sentinels or f"127.0.0.1:{free_port()}",
+            "SHARD_MASTER": "s-0",
+            "SHARD_INDEX": "0",
+            "SHARD_REDIS_HOSTS": ",".join(f"127.0.0.1:{h}" for h in self.ports),  # pod i first
+            "POD_FQDN": "127.0.0.1",
+            "REDIS_PORT": str(port),
+            "KEY_PREFIX": "shardq",
+            "WHOLE_SHARD_WAIT_S": str(self.wait_s),
+        }
+        argv = _redis_command(self.container, self.tmp, port, self.dirs[k])
+        self.procs[k] = self.stack.enter_context(_started(argv, env))
+        self.clients[k] = self.stack.enter_context(_answering(port, "pw", self.procs[k]))
+        return self.clients[k]
+
+    def start_sentinel(self, down_after_ms: int) -> Callable[[], Any]:
+        """A sentinel monitoring the shard (no other one answers it), which the pods started
+        from now on ask; its client once it listens, which start-sentinel.sh does only once
+        the shard has a primary (or PRIMARY_WAIT_S has passed)."""
+        port = free_port()
+        env = {
+            "PATH": f"{self.redis_bin}{os.pathsep}{os.environ['PATH']}",
+            "SENTINEL_DIR": str(self.tmp),
+            "SENTINEL_PORT": str(port),
+            "POD_FQDN": "127.0.0.1",
+            "SENTINELS": f"127.0.0.1:{free_port()}",
+            "SHARD_NAME": "s",
+            "SHARD_COUNT": "1",
+            "SHARD_REDIS_HOSTS": ",".join(f"127.0.0.1:{p}" for p in self.ports),
+            "REDIS_PORT": "6379",
+            "QUORUM": "1",
+            "DOWN_AFTER_MS": str(down_after_ms),
+            "FAILOVER_TIMEOUT_MS": "60000",
+            "PRIMARY_WAIT_S": "600",
+            "REDIS_PASSWORD": "pw",
+            "REDISCLI_AUTH": "pw",
+        }
+        self.sentinels = f"127.0.0.1:{port}"
+        argv = ["sh", str(self.tmp / "start-sentinel.sh")]
+        self.procs[-1] = self.stack.enter_context(_started(argv, env))
+        return lambda: self.stack.enter_context(_answering(port, "pw", self.procs[-1]))
+
+    def settled(self, primary: int) -> list[dict[str, Any]]:
+        """Until pod ``primary`` is a primary with every other pod started replicating from it,
+        in sync; their INFO replication then, in pod order."""
+        pods = sorted(self.clients)
+        infos: list[dict[str, Any]] = []
+        for _ in range(1500):
+            for proc in self.procs.values():
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+            infos = [self.clients[k].info("replication") for k in pods]
+            if infos[pods.index(primary)]["role"] == "master" and all(
+                info["role"] == "slave"
+                and info["master_port"] == self.ports[primary]
+                and info["master_link_status"] == "up"
+                for k, info in zip(pods, infos, strict=True)
+                if k != primary
+            ):
+                return infos
+            time.sleep(0.02)
+        raise AssertionError(f"no settled shard with pod {primary} primary: {infos}")
+
+    def keys(self, pattern: str) -> list[set[str]]:
+        """The keys matching ``pattern`` on each pod started, in pod order."""
+        return [{k.decode() for k in self.clients[p].keys(pattern)} for p in sorted(self.clients)]
+
+    def stop(self) -> None:
+        """SIGTERM to every process at once: one by one, a primary would wait for replicas still
+        up (shutdown-timeout, 10 s)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
 
 
 @pytest.mark.parametrize(
@@ -395,45 +466,22 @@ def _settled(
     ],
 )
 def test_a_shard_down_all_at_once_comes_back_with_the_redis_that_holds_the_most_writes(
-    render: Render,
-    tmp_path: Path,
-    redis_bin: Path,
-    marks: list[tuple[int | None, int | None]],
-    winner: int,
+    render: Render, tmp_path: Path, redis_bin: Path, marks: Marks, winner: int
 ) -> None:
     """Every Redis of shard 0 and every sentinel went down at once. Each pod's start-redis.sh,
     run against its own AOF, waits (a replica of nobody) until all of the shard's Redis are up,
     then they elect the one with the highest waitmark, then fence, then pod order: it becomes
     the primary, with its data, and the others replicate from it (dropping what only they had,
     which no replica acknowledged)."""
-    r = render("sentinel")
-    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
-    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
-    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
-    ports = [free_port() for _ in marks]
-    dirs = [tmp_path / f"pod-{k}" for k in range(len(marks))]
-    for k, (w, f) in enumerate(marks):
-        _pod_data(dirs[k], w, f, f"only-{k}")
     with contextlib.ExitStack() as stack:
-        procs = [
-            stack.enter_context(
-                _started(
-                    _redis_command(c, tmp_path, port, dirs[k]),
-                    _pod_env(redis_bin, tmp_path, port, ports, wait_s=600),
-                )
-            )
-            for k, port in enumerate(ports)
-        ]
-        clients = [
-            stack.enter_context(_answering(port, "pw", proc))
-            for port, proc in zip(ports, procs, strict=True)
-        ]
-        infos = _settled(clients, procs, winner)
+        shard = _Shard.of(render, stack, tmp_path, redis_bin, marks)
+        for k in range(len(marks)):
+            shard.start(k)
+        infos = shard.settled(winner)
         assert infos[winner]["connected_slaves"] == len(marks) - 1
-        for client in clients:  # the winner's data everywhere; no one else's
-            keys = {k.decode() for k in client.keys("only-*")}
-            assert keys == {f"only-{winner}"}
-        _stop_together(procs)
+        # The winner's data everywhere; no one else's.
+        assert shard.keys("only-*") == [{f"only-{winner}"}] * len(marks)
+        shard.stop()
 
 
 def test_the_shard_waits_for_a_late_redis_that_holds_more_writes(
@@ -442,37 +490,21 @@ def test_the_shard_waits_for_a_late_redis_that_holds_more_writes(
     """Pod 2, the one holding the most acknowledged writes, comes up last: pods 0 and 1, up
     and waiting, do not elect one of themselves before it answers (within
     WHOLE_SHARD_WAIT_S), so its writes are kept."""
-    r = render("sentinel")
-    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
-    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
-    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
-    ports = [free_port() for _ in range(3)]
-    dirs = [tmp_path / f"pod-{k}" for k in range(3)]
-    for k, (w, f) in enumerate([(1, 1), (2, 0), (9, 9)]):
-        _pod_data(dirs[k], w, f, f"only-{k}")
-
-    def started(k: int) -> subprocess.Popen[bytes]:
-        env = _pod_env(redis_bin, tmp_path, ports[k], ports, wait_s=600)
-        return stack.enter_context(_started(_redis_command(c, tmp_path, ports[k], dirs[k]), env))
-
     with contextlib.ExitStack() as stack:
-        procs = [started(0), started(1)]
-        clients = [stack.enter_context(_answering(ports[k], "pw", procs[k])) for k in (0, 1)]
-        # Both up and waiting for the election (replicas of nobody), for a few of its rounds.
-        for client in clients:
+        shard = _Shard.of(render, stack, tmp_path, redis_bin, [(1, 1), (2, 0), (9, 9)])
+        for k in (0, 1):
+            client = shard.start(k)
             for _ in range(500):
                 if client.info("persistence")["loading"] == 0:
                     break
                 time.sleep(0.02)
             assert client.info("replication")["master_host"] == "electing.shardq.invalid"
-        time.sleep(3)
-        assert [c.info("replication")["role"] for c in clients] == ["slave", "slave"]
-        procs.append(started(2))
-        clients.append(stack.enter_context(_answering(ports[2], "pw", procs[2])))
-        _settled(clients, procs, 2)
-        for client in clients:
-            assert {k.decode() for k in client.keys("only-*")} == {"only-2"}
-        _stop_together(procs)
+        time.sleep(3)  # a few rounds of the election (one a second) without pod 2
+        assert [shard.clients[k].info("replication")["role"] for k in (0, 1)] == ["slave"] * 2
+        shard.start(2)
+        shard.settled(2)
+        assert shard.keys("only-*") == [{"only-2"}] * 3
+        shard.stop()
 
 
 def test_a_pod_that_never_comes_back_is_waited_for_only_so_long(
@@ -481,31 +513,16 @@ def test_a_pod_that_never_comes_back_is_waited_for_only_so_long(
     """Pod 2's node is gone: after WHOLE_SHARD_WAIT_S, the pods that are up elect among
     themselves; when pod 2 comes back later, it follows their primary, though its own marks
     were higher (what it alone held, no replica had acknowledged: the others would have it)."""
-    r = render("sentinel")
-    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
-    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
-    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
-    ports = [free_port() for _ in range(3)]
-    dirs = [tmp_path / f"pod-{k}" for k in range(3)]
-    for k, (w, f) in enumerate([(1, 1), (2, 0), (9, 9)]):
-        _pod_data(dirs[k], w, f, f"only-{k}")
-
-    def pod(k: int) -> list[str]:
-        return _redis_command(c, tmp_path, ports[k], dirs[k])
-
-    def env(k: int) -> dict[str, str]:
-        return _pod_env(redis_bin, tmp_path, ports[k], ports, wait_s=1)
-
     with contextlib.ExitStack() as stack:
-        procs = [stack.enter_context(_started(pod(k), env(k))) for k in (0, 1)]
-        clients = [stack.enter_context(_answering(ports[k], "pw", procs[k])) for k in (0, 1)]
-        _settled(clients, procs, 1)
-        procs.append(stack.enter_context(_started(pod(2), env(2))))
-        clients.append(stack.enter_context(_answering(ports[2], "pw", procs[2])))
-        _settled(clients, procs, 1)
-        for client in clients:
-            assert {k.decode() for k in client.keys("only-*")} == {"only-1"}
-        _stop_together(procs)
+        shard = _Shard.of(render, stack, tmp_path, redis_bin, [(1, 1), (2, 0), (9, 9)])
+        shard.wait_s = 5  # pods 0 and 1 are both up well within it
+        for k in (0, 1):
+            shard.start(k)
+        shard.settled(1)
+        shard.start(2)
+        shard.settled(1)
+        assert shard.keys("only-*") == [{"only-1"}] * 3
+        shard.stop()
 
 
 def test_sentinels_started_while_the_shard_elects_monitor_the_winner_not_pod_i(
@@ -514,79 +531,20 @@ def test_sentinels_started_while_the_shard_elects_monitor_the_winner_not_pod_i(
     """The sentinels come up before the shard's Redis have elected their primary (none of them
     is one yet): start-sentinel.sh waits for the election rather than monitoring pod i, which
     would then be a replica that the sentinels take for a primary."""
-    r = render("sentinel")
-    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
-    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
-    (tmp_path / "start-sentinel.sh").write_text(scripts["start-sentinel.sh"])
-    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
-    ports = [free_port() for _ in range(2)]
-    dirs = [tmp_path / f"pod-{k}" for k in range(2)]
-    for k, (w, f) in enumerate([(1, 1), (2, 0)]):
-        _pod_data(dirs[k], w, f, f"only-{k}")
-    sentinel_port = free_port()
-    sentinel_env = {
-        "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
-        "SENTINEL_DIR": str(tmp_path),
-        "SENTINEL_PORT": str(sentinel_port),
-        "POD_FQDN": "127.0.0.1",
-        "SENTINELS": f"127.0.0.1:{free_port()}",  # no other sentinel answers
-        "SHARD_NAME": "s",
-        "SHARD_COUNT": "1",
-        "SHARD_REDIS_HOSTS": ",".join(f"127.0.0.1:{p}" for p in ports),
-        "REDIS_PORT": "6379",
-        "QUORUM": "1",
-        "DOWN_AFTER_MS": "5000",
-        "FAILOVER_TIMEOUT_MS": "60000",
-        "PRIMARY_WAIT_S": "600",
-        "REDIS_PASSWORD": "pw",
-        "REDISCLI_AUTH": "pw",
-    }
     with contextlib.ExitStack() as stack:
-        # First, while no Redis of the shard is up at all.
-        sentinel_proc = stack.enter_context(
-            _started(["sh", str(tmp_path / "start-sentinel.sh")], sentinel_env)
-        )
-        procs = [
-            stack.enter_context(
-                _started(
-                    _redis_command(c, tmp_path, ports[k], dirs[k]),
-                    _pod_env(redis_bin, tmp_path, ports[k], ports, wait_s=600),
-                )
-            )
-            for k in range(2)
-        ]
-        sentinel = stack.enter_context(_answering(sentinel_port, "pw", sentinel_proc))
-        _, found = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0")
-        assert int(found) == ports[1]
-        clients = [
-            stack.enter_context(_answering(p, "pw", proc))
-            for p, proc in zip(ports, procs, strict=True)
-        ]
-        _settled(clients, procs, 1)
+        shard = _Shard.of(render, stack, tmp_path, redis_bin, [(1, 1), (2, 0)])
+        # The sentinel first, while no Redis of the shard is up at all.
+        sentinel = shard.start_sentinel(down_after_ms=5000)
+        shard.sentinels = ""  # the pods do not ask it (it answers only once they elected)
+        for k in (0, 1):
+            shard.start(k)
+        _, found = sentinel().execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0")
+        assert int(found) == shard.ports[1]
+        shard.settled(1)
+        shard.stop()
 
 
 # --- a primary restarted in place -----------------------------------------------------------------
-
-
-def _sentinel_env(redis_bin: Path, tmp: Path, port: int, hosts: list[int]) -> dict[str, str]:
-    return {
-        "PATH": f"{redis_bin}{os.pathsep}{os.environ['PATH']}",
-        "SENTINEL_DIR": str(tmp),
-        "SENTINEL_PORT": str(port),
-        "POD_FQDN": "127.0.0.1",
-        "SENTINELS": f"127.0.0.1:{free_port()}",  # no other sentinel answers
-        "SHARD_NAME": "s",
-        "SHARD_COUNT": "1",
-        "SHARD_REDIS_HOSTS": ",".join(f"127.0.0.1:{p}" for p in hosts),
-        "REDIS_PORT": "6379",
-        "QUORUM": "1",
-        # Longer than the test: the sentinel never fails over on its own here.
-        "DOWN_AFTER_MS": "600000",
-        "FAILOVER_TIMEOUT_MS": "60000",
-        "PRIMARY_WAIT_S": "600",
-        "REDIS_PASSWORD": "pw",
-        "REDISCLI_AUTH": "pw",
-    }
 
 
 @pytest.mark.parametrize("replica_ahead", [True, False])
@@ -598,58 +556,33 @@ def test_a_primary_restarted_in_place_takes_the_shard_back_only_if_no_replica_is
     appendfsync everysec, made here by writing the replica's waitmark past it), it does not
     take the shard back, which would make the replica drop them: it has the sentinels promote
     the replica now and follows it. When no replica is ahead, it is the primary again."""
-    r = render("sentinel")
-    scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
-    (tmp_path / "start-redis.sh").write_text(scripts["start-redis.sh"])
-    (tmp_path / "start-sentinel.sh").write_text(scripts["start-sentinel.sh"])
-    c = container(r.get("StatefulSet", f"{FULLNAME}-shard")["spec"]["template"]["spec"], "redis")
-    ports = [free_port() for _ in range(2)]
-    dirs = [tmp_path / f"pod-{k}" for k in range(2)]
-    for d in dirs:
-        d.mkdir()
-
-    def pod(k: int) -> list[str]:
-        return _redis_command(c, tmp_path, ports[k], dirs[k])
-
-    def env(k: int) -> dict[str, str]:
-        return _pod_env(redis_bin, tmp_path, ports[k], ports, wait_s=600)
-
     with contextlib.ExitStack() as stack:
-        sentinel_port = free_port()
-        sentinel_env = _sentinel_env(redis_bin, tmp_path, sentinel_port, ports)
-        # A first start: pod 0 primary, pod 1 its replica, a sentinel watching them.
-        procs = [stack.enter_context(_started(pod(k), env(k))) for k in (0, 1)]
-        clients = [stack.enter_context(_answering(ports[k], "pw", procs[k])) for k in (0, 1)]
-        _settled(clients, procs, 0)
-        sentinel_proc = stack.enter_context(
-            _started(["sh", str(tmp_path / "start-sentinel.sh")], sentinel_env)
-        )
-        sentinel = stack.enter_context(_answering(sentinel_port, "pw", sentinel_proc))
+        shard = _Shard.of(render, stack, tmp_path, redis_bin, [(None, None), (None, None)])
+        # A first start: pod 0 primary, pod 1 its replica, a sentinel watching them (that
+        # never fails over on its own within the test).
+        primary, replica = shard.start(0), shard.start(1)
+        shard.settled(0)
+        sentinel = shard.start_sentinel(down_after_ms=600_000)()
         for _ in range(1500):  # until it has learnt the replica from the primary
             if sentinel.execute_command("SENTINEL", "REPLICAS", "s-0"):
                 break
             time.sleep(0.02)
         else:
             raise AssertionError("the sentinel never learnt the replica")
-        clients[0].set("shardq:waitmark", 5)
+        primary.set("shardq:waitmark", 5)
         for _ in range(500):
-            if clients[1].get("shardq:waitmark") == b"5":
+            if replica.get("shardq:waitmark") == b"5":
                 break
             time.sleep(0.02)
         if replica_ahead:  # what pod 0's AOF lost: on the replica only
-            clients[1].config_set("replica-read-only", "no")
-            clients[1].set("shardq:waitmark", 6)
-            clients[1].set("only-replica", "1")
-        os.killpg(procs[0].pid, signal.SIGKILL)
-        procs[0].wait(10)
-        env_k = env(0)
-        env_k["SENTINELS"] = f"127.0.0.1:{sentinel_port}"
-        procs[0] = stack.enter_context(_started(pod(0), env_k))
-        clients[0] = stack.enter_context(_answering(ports[0], "pw", procs[0]))
-        _settled(clients, procs, 1 if replica_ahead else 0)
+            replica.config_set("replica-read-only", "no")
+            replica.set("shardq:waitmark", 6)
+        os.killpg(shard.procs[0].pid, signal.SIGKILL)
+        shard.procs[0].wait(10)
+        shard.start(0)
+        shard.settled(1 if replica_ahead else 0)
         want = b"6" if replica_ahead else b"5"
-        assert [cl.get("shardq:waitmark") for cl in clients] == [want, want]
-        if replica_ahead:
-            _, port = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0")
-            assert int(port) == ports[1]
-        _stop_together([*procs, sentinel_proc])
+        assert [shard.clients[k].get("shardq:waitmark") for k in (0, 1)] == [want, want]
+        _, port = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0")
+        assert int(port) == shard.ports[1 if replica_ahead else 0]
+        shard.stop()
