@@ -316,10 +316,12 @@ def test_a_shard_redis_restarted_while_no_sentinel_answers_follows_the_promoted_
 # --- the whole shard down at once -----------------------------------------------------------------
 
 
-def _pod_data(data_dir: Path, waitmark: int | None, fence: int | None, key: str) -> None:
+def _pod_data(
+    data_dir: Path, waitmark: int | None, fence: int | None, key: str, bulk_mb: int = 0
+) -> None:
     """A shard Redis's AOF as a pod's volume holds it after the shard went down: its marks (the
-    waitmark, INCRed before every WAIT for a replica, and the fencing counter) and one key
-    only it holds."""
+    waitmark, INCRed before every WAIT for a replica, and the fencing counter), one key only it
+    holds, and ``bulk_mb`` MB of other keys in its base file."""
     proc = RedisProcess(data_dir=data_dir).start()
     try:
         with redis.Redis(port=proc.port) as r:
@@ -328,6 +330,14 @@ def _pod_data(data_dir: Path, waitmark: int | None, fence: int | None, key: str)
             if fence is not None:
                 r.set("shardq:fence", fence)
             r.set(key, "1")
+            for n in range(bulk_mb * 10):  # (random: the base file does not compress it)
+                r.set(f"bulk-{n}", os.urandom(100_000))
+            if bulk_mb:
+                r.bgrewriteaof()
+                for _ in range(500):
+                    if not r.info("persistence")["aof_rewrite_in_progress"]:
+                        break
+                    time.sleep(0.02)
     finally:
         proc.stop()  # SIGTERM: redis-server flushes its AOF
 
@@ -370,8 +380,9 @@ class _Shard:
         ports = [free_port() for _ in marks]
         return cls(stack, tmp, redis_bin, container(spec, "redis"), ports, dirs)
 
-    def start(self, k: int) -> Any:
-        """Pod k's Redis, started; its client once it answers."""
+    def start(self, k: int, *extra_args: str, wait: bool = True) -> Any:
+        """Pod k's Redis, started (with ``extra_args`` after the chart's); its client once it
+        answers (``wait``; else see :meth:`answering`)."""
         port = self.ports[k]
         own_tmp = self.tmp / f"tmp-{port}"
         own_tmp.mkdir(exist_ok=True)
@@ -389,9 +400,13 @@ class _Shard:
             "KEY_PREFIX": "shardq",
             "WHOLE_SHARD_WAIT_S": str(self.wait_s),
         }
-        argv = _redis_command(self.container, self.tmp, port, self.dirs[k])
+        argv = [*_redis_command(self.container, self.tmp, port, self.dirs[k]), *extra_args]
         self.procs[k] = self.stack.enter_context(_started(argv, env))
-        self.clients[k] = self.stack.enter_context(_answering(port, "pw", self.procs[k]))
+        return self.answering(k) if wait else None
+
+    def answering(self, k: int) -> Any:
+        """Pod k's client, once its Redis answers."""
+        self.clients[k] = self.stack.enter_context(_answering(self.ports[k], "pw", self.procs[k]))
         return self.clients[k]
 
     def start_sentinel(self, down_after_ms: int) -> Callable[[], Any]:
@@ -522,6 +537,27 @@ def test_a_pod_that_never_comes_back_is_waited_for_only_so_long(
         shard.start(2)
         shard.settled(1)
         assert shard.keys("only-*") == [{"only-1"}] * 3
+        shard.stop()
+
+
+def test_a_redis_still_loading_its_aof_is_waited_for_past_the_wait(
+    render: Render, tmp_path: Path, redis_bin: Path
+) -> None:
+    """Pod 1 holds the most writes and a large AOF, which it takes longer than
+    WHOLE_SHARD_WAIT_S to load (a slow disk, here a delay per key): it answers LOADING
+    meanwhile, and pod 0, loaded long before, waits for it instead of taking the shard."""
+    with contextlib.ExitStack() as stack:
+        shard = _Shard.of(render, stack, tmp_path, redis_bin, [(1, 1), (None, None)])
+        _pod_data(shard.dirs[1], 2, 0, "only-1", bulk_mb=4)
+        shard.wait_s = 1
+        shard.start(0, wait=False)
+        # 0.1 s a key (4 s for its 40), answering between any two.
+        slow = ("--key-load-delay", "100000", "--loading-process-events-interval-bytes", "65536")
+        shard.start(1, *slow, wait=False)
+        for k in (0, 1):
+            shard.answering(k)
+        shard.settled(1)
+        assert shard.keys("only-*") == [{"only-1"}] * 2
         shard.stop()
 
 
