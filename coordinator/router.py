@@ -619,28 +619,7 @@ class TenantRouter:
         jobs the move has set aside (counted on neither side while it copies them)."""
         shard_id = self.route(tenant).shard_id
         parts = [await side.client.tenant_load(tenant) for side in self.sides(tenant)]
-        aside = [r.state for r in await self.set_aside(tenant)]
-        if aside:
-            parts.append(
-                TenantLoad(
-                    tenant,
-                    scheduled=aside.count(JobState.SCHEDULED),
-                    ready=aside.count(JobState.READY),
-                    dead=aside.count(JobState.DEAD),
-                )
-            )
-        load = parts[0]
-        for more in parts[1:]:
-            load = dataclasses.replace(
-                load,
-                **{
-                    f.name: getattr(load, f.name) + getattr(more, f.name)
-                    for f in dataclasses.fields(load)
-                    if f.name not in ("tenant", "at_ms")
-                },
-                at_ms=max(load.at_ms, more.at_ms),
-            )
-        return shard_id, load
+        return shard_id, _sum_loads([*parts, _load_of(tenant, await self.set_aside(tenant))])
 
     async def tenant_status(self, tenant: str) -> TenantStatus:
         """The tenant's limits and pauses as its shard holds them: during a move, both sides
@@ -655,7 +634,8 @@ class TenantRouter:
         self, shard_id: int | None, page_size: int, page_token: str
     ) -> tuple[list[tuple[int, TenantLoad, TenantStatus]], str]:
         """A page of (shard, load, status) of every tenant on ``shard_id``, or on every shard,
-        by shard then tenant; each side of a move counts apart. Returns (page, next token)."""
+        by shard then tenant; each side of a move counts apart, the jobs the move has set aside
+        (on neither side's counts) with its source. Returns (page, next token)."""
         shards = self.pool.all()
         if shard_id is not None:
             if shard_id not in shards:
@@ -665,6 +645,10 @@ class TenantRouter:
         pairs = [(sid, t) for sid in sorted(shards) for t in await shards[sid].tenants()]
         chosen = pairs[offset : offset + page_size]
         loads = [await shards[sid].tenant_load(t) for sid, t in chosen]
+        for i, (sid, t) in enumerate(chosen):
+            move = self.shard_map.moves.get(t)
+            if move is not None and move.from_shard_id == sid != move.to_shard_id:
+                loads[i] = _sum_loads([loads[i], _load_of(t, await self.set_aside(t))])
         statuses: list[TenantStatus] = []
         for i in range(0, len(chosen), STATUS_CONCURRENCY):
             statuses += await asyncio.gather(
@@ -675,3 +659,30 @@ class TenantRouter:
             for (sid, _), load, status in zip(chosen, loads, statuses, strict=True)
         ]
         return page, str(offset + page_size) if offset + page_size < len(pairs) else ""
+
+
+def _load_of(tenant: str, records: list[JobRecord]) -> TenantLoad:
+    """The load that ``records`` (jobs a move has set aside) add to the tenant's."""
+    states = [r.state for r in records]
+    return TenantLoad(
+        tenant,
+        scheduled=states.count(JobState.SCHEDULED),
+        ready=states.count(JobState.READY),
+        dead=states.count(JobState.DEAD),
+    )
+
+
+def _sum_loads(parts: list[TenantLoad]) -> TenantLoad:
+    """One tenant's loads added up, field by field (the latest reading's time)."""
+    load = parts[0]
+    for more in parts[1:]:
+        load = dataclasses.replace(
+            load,
+            **{
+                f.name: getattr(load, f.name) + getattr(more, f.name)
+                for f in dataclasses.fields(load)
+                if f.name not in ("tenant", "at_ms")
+            },
+            at_ms=max(load.at_ms, more.at_ms),
+        )
+    return load

@@ -50,6 +50,11 @@ async def test_jobs_set_aside_by_a_move_count_list_answer_and_cancel(database_ur
 
         stats = await client.tenant_stats()
         assert (stats.scheduled, stats.ready) == (3, 3), stats
+        # ListTenantStats counts each side apart: the set-aside jobs with the source.
+        admin = await cluster.client()
+        for shard_id, counts in ((0, (3, 3)), (1, (0, 0)), (None, (3, 3))):
+            rows = [t for t in await admin.list_tenant_stats(shard_id) if t.tenant_id == tenant]
+            assert (sum(r.scheduled for r in rows), sum(r.ready for r in rows)) == counts, rows
         listed = {state: await listing(client, state) for state in (SCHEDULED, READY)}
         assert listed == {SCHEDULED: sorted(scheduled), READY: sorted(ready)}
         assert [j.job_id for j in await client.list_jobs(SCHEDULED, page_size=2)] == sorted(
