@@ -295,7 +295,7 @@ def test_sentinel_runs_each_shard_as_a_fenced_primary_with_replicas(
     sentinels = r.get("StatefulSet", f"{FULLNAME}-sentinel")
     assert sentinels["spec"]["replicas"] == sn["sentinels"] >= 3
     scripts = r.get("ConfigMap", f"{FULLNAME}-sentinel-scripts")["data"]
-    monitor = "sentinel monitor $name ${primary%:*} ${primary##*:} $QUORUM"
+    monitor = "sentinel monitor $1 ${2%:*} ${2##*:} $QUORUM"
     assert monitor in scripts["start-sentinel.sh"]
     primary = r.get("StatefulSet", f"{FULLNAME}-shard")
     redis_of = [container(primary["spec"]["template"]["spec"], "redis")]

@@ -411,8 +411,7 @@ class _Shard:
 
     def start_sentinel(self, down_after_ms: int) -> Callable[[], Any]:
         """A sentinel monitoring the shard (no other one answers it), which the pods started
-        from now on ask; its client once it listens, which start-sentinel.sh does only once
-        the shard has a primary (or PRIMARY_WAIT_S has passed)."""
+        from now on ask; a function that returns its client once it listens."""
         port = free_port()
         env = {
             "PATH": f"{self.redis_bin}{os.pathsep}{os.environ['PATH']}",
@@ -427,7 +426,6 @@ class _Shard:
             "QUORUM": "1",
             "DOWN_AFTER_MS": str(down_after_ms),
             "FAILOVER_TIMEOUT_MS": "60000",
-            "PRIMARY_WAIT_S": "600",
             "REDIS_PASSWORD": "pw",
             "REDISCLI_AUTH": "pw",
         }
@@ -564,19 +562,27 @@ def test_a_redis_still_loading_its_aof_is_waited_for_past_the_wait(
 def test_sentinels_started_while_the_shard_elects_monitor_the_winner_not_pod_i(
     render: Render, tmp_path: Path, redis_bin: Path
 ) -> None:
-    """The sentinels come up before the shard's Redis have elected their primary (none of them
-    is one yet): start-sentinel.sh waits for the election rather than monitoring pod i, which
-    would then be a replica that the sentinels take for a primary."""
+    """The sentinel comes up before the shard's Redis have elected their primary (none is up
+    yet): it names no primary until the election, then the winner. Monitoring pod i meanwhile,
+    it would watch a replica, which it would never leave."""
     with contextlib.ExitStack() as stack:
         shard = _Shard.of(render, stack, tmp_path, redis_bin, [(1, 1), (2, 0)])
-        # The sentinel first, while no Redis of the shard is up at all.
-        sentinel = shard.start_sentinel(down_after_ms=5000)
-        shard.sentinels = ""  # the pods do not ask it (it answers only once they elected)
+        sentinel = shard.start_sentinel(down_after_ms=5000)()
+        assert sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0") is None
         for k in (0, 1):
             shard.start(k)
-        _, found = sentinel().execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0")
-        assert int(found) == shard.ports[1]
         shard.settled(1)
+        for _ in range(500):
+            if found := sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "s-0"):
+                break
+            time.sleep(0.02)
+        assert found and int(found[1]) == shard.ports[1], found
+        for _ in range(1500):  # it watches the shard: it learns the replica from the winner
+            if sentinel.execute_command("SENTINEL", "REPLICAS", "s-0"):
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError("the sentinel never learnt the replica")
         shard.stop()
 
 
