@@ -23,6 +23,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -153,11 +154,11 @@ def main() -> None:
         for _ in range(args.repeat):
             for processes in (1, 2):
                 runs[processes].append(run_once(url, token, processes, args))
-        report = {
+        report: dict[str, dict[str, Any]] = {
             f"processes_{n}": {k: round(statistics.median(r[k] for r in rs), 1) for k in rs[0]}
             for n, rs in runs.items()
         }
-        report["config"] = {  # type: ignore[assignment]
+        report["config"] = {
             "producers": args.producers,
             "in_flight_each": args.in_flight,
             "seconds": args.seconds,

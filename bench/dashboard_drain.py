@@ -36,6 +36,8 @@ sys.path.insert(0, str(HERE))
 import shardq_bench as sb  # noqa: E402
 from services import PostgresServer, RedisServer  # noqa: E402
 
+from shardq.coordinator.tools.redis_server import free_port  # noqa: E402
+
 #: How often the overview page asks for its live parts (templates/overview.html, charts.js).
 TABLE_EVERY_S = 3.0
 CHARTS_EVERY_S = 5.0
@@ -90,7 +92,7 @@ class OpenOverview:
 
 def start_dashboard(cluster: sb.Cluster) -> str:
     """``shardq-dashboard`` next to the cluster, as the chart runs it; returns its URL."""
-    port = sb.free_port()
+    port = free_port()
     env = {
         **cluster._common(),
         "SHARDQ_COORDINATOR": cluster.target,

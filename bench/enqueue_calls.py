@@ -106,7 +106,7 @@ def main() -> None:
         if a.out:
             argv += ["--out", str(a.out)]
         sys.exit(subprocess.run(argv, check=False).returncode)
-    report = {
+    report: dict[str, Any] = {
         "schema": "shardq-enqueue-calls/1",
         "command": " ".join(["python", "bench/enqueue_calls.py", *sys.argv[1:]]),
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),

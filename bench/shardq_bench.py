@@ -648,7 +648,7 @@ async def _warm_up(cluster: Cluster, client: AsyncClient) -> int:
         await client.submit(NOOP, WARMUP_BASE + k)
     await asyncio.to_thread(cluster.wait_starts, 4, 60)
     await asyncio.sleep(0.3)
-    return count_starts(cluster.starts)
+    return int(count_starts(cluster.starts))
 
 
 def latency(req: dict[str, Any]) -> dict[str, Any]:
@@ -792,7 +792,7 @@ async def _probe(url: str, n: int, tenant: str) -> dict[str, float]:
     try:
         await client.enqueue([NewJob(tenant, NOOP, b"0", uuid.uuid4().hex) for _ in range(n)])
         r0, t0 = await _script_usec(redis), time.perf_counter()
-        claimed = []
+        claimed: list[ClaimedJob] = []
         while len(claimed) < n:
             got = await client.claim("bench-probe", 100, 60_000)
             if not got:
@@ -871,7 +871,7 @@ async def _memory_breakdown(redis: Redis, client: ShardClient, count: int) -> di
     jobs = [await redis.memory_usage(k.job(i)) or 0 for i in ids]
     dedupe = []
     for i in ids:
-        request_id = await redis.hget(k.job(i), "r")
+        request_id: bytes = await redis.hget(k.job(i), "r")  # type: ignore[misc]
         dedupe.append(await redis.memory_usage(k.dedupe("bench-load", request_id.decode())) or 0)
     tenant_zset = await redis.memory_usage(k.scheduled_by_tenant("bench-load"), samples=0) or 0
     return {
@@ -950,7 +950,7 @@ def multishard(req: dict[str, Any]) -> dict[str, Any]:
         sub = {**req, "workdir": os.path.join(req["workdir"], f"{k}-shards")}
         os.makedirs(sub["workdir"], exist_ok=True)
         pins = {t: i for i, t in enumerate(tenants)}
-        split = {t: range(i, p["n"], k) for i, t in enumerate(tenants)}
+        split: dict[str, Sequence[int]] = {t: range(i, p["n"], k) for i, t in enumerate(tenants)}
         with Cluster(sub, urls[:k], tenants, pins=pins) as cluster:
             run = _drain_run(cluster, split, 1000, 900)
         metrics[f"jobs_per_s_{k}_shards"] = run["jobs_per_s"]
