@@ -475,12 +475,18 @@ class Dashboard:
                 recent[name] = list(resp.jobs)
         queues = sorted({j.queue for jobs in recent.values() for j in jobs} | {"default"})
         # The limits form shows what the tenant's row sets (the effective value, a default,
-        # as the placeholder of an empty field): sent back unchanged, it changes nothing.
-        own = (
-            await self.a.get_limits(session.metadata, tenant, stored_only=True)
-            if session.is_admin
-            else None
-        )
+        # as the placeholder of an empty field): sent back unchanged, it changes nothing. The
+        # row is in Postgres: while it is away, the page shows the rest without the form.
+        own = None
+        if session.is_admin:
+            try:
+                own = await self.a.get_limits(session.metadata, tenant, stored_only=True)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
+                    raise
         return self.render(
             request,
             "tenant.html",

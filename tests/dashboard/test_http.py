@@ -19,6 +19,7 @@ from tests.dashboard import handlers as _handlers  # noqa: F401 - registers dash
 from tests.dashboard.support import DashboardProcess, HttpUser, dashboard
 from tests.integration.test_coordinator_tls import pki  # noqa: F401 - the fixture
 from tests.support.cluster import running_cluster
+from tests.support.outage import proxied_database
 
 HTTPS = {"x-forwarded-proto": "https"}
 
@@ -195,6 +196,31 @@ async def test_a_live_view_closes_when_its_session_reaches_its_lifetime(
         assert again.status == 401 and again.header("hx-redirect") == "/login"
         page = await user.get(f"/tenants/acme/jobs/{job_id}")
         assert (page.status, page.header("location")) == (303, "/login")
+
+
+async def test_an_admins_tenant_page_shows_while_postgres_is_away(database_url: str) -> None:
+    """The tenant page reads the stats from the shards, and its limits form the tenant's row
+    from Postgres: with Postgres cut off, the page still answers, with the limits shown and
+    no form, and the form is back with Postgres."""
+    async with (
+        proxied_database(database_url) as (proxy, proxied_url),
+        running_cluster(proxied_url) as cluster,
+        dashboard(cluster.target) as dash,
+    ):
+        user = HttpUser(dash.url)
+        assert (await user.login(cluster.admin_token)).status == 303
+        before = await user.get("/tenants/acme")
+        assert before.status == 200 and 'class="limits"' in before.body, before.body
+        proxy.cut()
+        try:
+            during = await user.get("/tenants/acme")
+        finally:
+            proxy.restore()
+        assert during.status == 200, during.body
+        assert 'class="limits"' not in during.body and "limits-away" in during.body
+        assert "max pending 1000000" in during.body
+        after = await user.get("/tenants/acme")
+        assert after.status == 200 and 'class="limits"' in after.body
 
 
 async def test_flags_out_of_range_are_refused() -> None:
