@@ -339,14 +339,15 @@ class ShardClient:
         limit: int | None = None,
     ) -> PrecheckPage:
         """The tenants' delayed jobs due in [from_ms, until_ms] (after ``offset`` of the first
-        tenant's) never claimed nor looked up yet: ``precheck.lua``."""
+        tenant's) never claimed nor marked yet: ``precheck.lua``."""
         limit = limit or self.settings.max_batch
         reply = await self._run("precheck", [], [from_ms, until_ms, limit, offset, *tenants])
         return PrecheckPage.from_reply(reply)
 
     async def mark_prechecked(self, job_ids: Sequence[str]) -> int:
-        """Mark jobs found without a final row (``prechecked.lua``): their first claim tells the
-        worker so. Returns how many were still never claimed, and so marked."""
+        """Mark jobs found with a final row (``prechecked.lua``): their first claim tells the
+        worker to look the row up before it starts them. Returns how many were still never
+        claimed, and so marked."""
         marked = 0
         step = self.settings.max_batch
         for i in range(0, len(job_ids), step):

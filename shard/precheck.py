@@ -1,21 +1,20 @@
 """Result rows looked up ahead of a delayed job's run-at, by the leading shard loop.
 
-A worker looks a job's ``(tenant, request_id)`` up in Postgres before it runs the handler: a
-re-delivered job whose last run committed its row, or a job submitted again after the dedupe
-window whose first one ended, is acked without running. On the claim path that lookup is a
-Postgres round trip between "due" and "started" of every job.
+A worker starts a job on its first claim at once (``ClaimedJob.at_once``) and looks its
+``(tenant, request_id)`` up in Postgres alongside: nothing but the job's own run can record it
+before that claim, save a job submitted again after the dedupe window whose first one ended
+(or a claim a failed-over Redis lost). When the lookup finds that row, the worker stops the
+run and acks the job; the row stands. Every later claim is looked up before it starts.
 
-For delayed jobs it need not be: the leader walks the delayed set a little ahead of now
+So that a delayed job submitted again after the window is acked without its handler starting
+at all, the leader walks the delayed set a little ahead of now
 (``LoopSettings.precheck_ahead_ms``), looks up the jobs that were never claimed, and marks
-those without a final row (``prechecked.lua``: hash field ``ck``). Nothing can record such a
-job before its first claim (only its own run writes its row; a cancel ends it instead), so
-the worker starts a marked job at once on that claim (``ClaimedJob.checked``) and looks it up
-alongside, stopping it if a row turns up (a Redis that lost a claim to a failover). A job
-claimed once is looked up first on every later claim, as before.
+those a final row answers for (``prechecked.lua``: hash field ``ck`` = ``d``). Their first
+claim is then looked up before it starts, as any later claim is.
 
 Best effort by design: a job due sooner than the walk gets to it, one submitted behind the
-cursor, a pass that fails (Postgres or Redis down) — all simply stay unmarked, and the worker
-looks them up as it always did.
+cursor, a pass that fails (Postgres or Redis down) — all simply stay unmarked, and their
+worker's lookup alongside the start stops them if a row is there.
 """
 
 from __future__ import annotations
@@ -51,8 +50,8 @@ class PrecheckMetrics:
     def __init__(self, registry: CollectorRegistry, shard_id: str) -> None:
         self.jobs = Counter(
             "shardq_shard_prechecked_jobs",
-            "Delayed jobs looked up ahead of their run-at: clean (marked: the worker starts it "
-            "without a lookup) or done (a final row exists: the worker acks it unrun)",
+            "Delayed jobs looked up ahead of their run-at: clean (no final row: the worker "
+            "starts it at once) or done (a final row exists, marked: the worker acks it unrun)",
             ["shard", "result"], registry=registry,
         )  # fmt: skip
         self.shard_id = shard_id
@@ -98,7 +97,8 @@ class Prechecker:
             await asyncio.sleep(s.interval_ms / 1000)
 
     async def walk(self) -> None:
-        """Mark every job due up to now + ``ahead_ms`` not marked yet: one pass."""
+        """Look up every job due up to now + ``ahead_ms`` not looked up yet, and mark those
+        found done: one pass."""
         s = self.settings
         now = self.shard.clock.now_ms()
         until = now + s.ahead_ms
@@ -111,10 +111,10 @@ class Prechecker:
             )
             if page.jobs:
                 found = await self.store.already_done((t, r) for _, t, r in page.jobs)
-                clean = [job_id for job_id, t, r in page.jobs if (t, r) not in found]
-                marked = await self.shard.mark_prechecked(clean)
-                self.metrics.count("clean", marked)
-                self.metrics.count("done", len(page.jobs) - len(clean))
+                done_ids = [job_id for job_id, t, r in page.jobs if (t, r) in found]
+                marked = await self.shard.mark_prechecked(done_ids)
+                self.metrics.count("done", marked)
+                self.metrics.count("clean", len(page.jobs) - len(done_ids))
             # The cursor moves only once the page is marked: a failed call repeats it.
             done, offset = done + page.tenants_done, page.offset
         self._from_ms = until + 1

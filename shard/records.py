@@ -104,7 +104,7 @@ class JobField(StrEnum):
     PROGRESS = "pg"
     TRACE_CONTEXT = "tc"
     STORE_RETRIES = "sr"
-    PRECHECKED = "ck"
+    FOUND_DONE = "ck"
 
     @property
     def attribute(self) -> str:
@@ -142,8 +142,9 @@ JOB_FIELD_DOCS: Final[Mapping[JobField, str]] = {
     "'<traceparent>\\n<tracestate>' (absent when it sent none: shardq.common.tracing)",
     JobField.STORE_RETRIES: "attempts not counted: they failed for want of the results database "
     "(fail.lua; absent: none; a requeue of the dead job resets it)",
-    JobField.PRECHECKED: "1 when the shard loop found no final row for the job's request ID "
-    "before its first claim (prechecked.lua; absent: not looked up: the worker does)",
+    JobField.FOUND_DONE: "d when the shard loop found a final row for the job's request ID "
+    "before its first claim (prechecked.lua): that claim is looked up before it starts; "
+    "absent: the first claim starts at once, looked up alongside",
 }
 
 
@@ -353,8 +354,9 @@ class JobRecord:
     trace_context: str = ""
     #: Attempts handed back uncounted: the results database could not be reached (fail.lua).
     store_retries: int = 0
-    #: The shard loop found no final row for it ahead of its first claim (``shard/precheck.py``).
-    prechecked: bool = False
+    #: The shard loop found a final row for its request ID ahead of its first claim
+    #: (``shard/precheck.py``): that claim is looked up before it starts.
+    found_done: bool = False
 
     @property
     def next_attempt_at_ms(self) -> int:
@@ -402,7 +404,7 @@ class JobRecord:
             progress=JobProgress.parse(h.get(JobField.PROGRESS)),
             trace_context=t(JobField.TRACE_CONTEXT),
             store_retries=i(JobField.STORE_RETRIES),
-            prechecked=h.get(JobField.PRECHECKED) == b"1",
+            found_done=h.get(JobField.FOUND_DONE) == b"d",
         )
 
     @classmethod
@@ -454,10 +456,10 @@ class ClaimedJob:
     #: The submitter's trace context (hash field ``tc``), '' for none: the worker's spans of
     #: this job join that trace (``shardq.common.tracing``).
     trace_context: str = ""
-    #: A first claim of a job the shard loop found no final row for ahead of its run-at
-    #: (``shard/precheck.py``): nothing can have recorded it since, so the worker starts it
-    #: at once instead of looking its row up first.
-    checked: bool = False
+    #: A first claim (the job was never claimed before) that the shard loop did not find done
+    #: ahead of its run-at (``shard/precheck.py``): the worker starts it at once and looks its
+    #: row up alongside, instead of first.
+    at_once: bool = False
 
     @classmethod
     def from_reply(cls, flat: Sequence[Any]) -> list[ClaimedJob]:
@@ -481,7 +483,7 @@ class ClaimedJob:
                 queue=flat[i + 12].decode(),
                 started_at_ms=int(flat[i + 13]),
                 trace_context=flat[i + 14].decode(),
-                checked=flat[i + 15] == b"1",
+                at_once=flat[i + 15] == b"1",
             )
             for i in range(0, len(flat), CLAIM_STRIDE)
         ]

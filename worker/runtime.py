@@ -105,7 +105,7 @@ class Running:
     #: Set by the heartbeat thread: STALE_LEASE (lost) or CANCEL_REQUESTED.
     lost: ItemCode | None = None
     releasing: bool = False
-    #: Started before the row lookup (``ClaimedJob.checked``), which then found its row.
+    #: Started before the row lookup (``ClaimedJob.at_once``), which then found its row.
     duplicate: bool = False
     #: The handler's last progress report (``ctx.progress``), for the result row.
     progress: JobProgress | None = None
@@ -371,20 +371,29 @@ class Worker:
         return runs
 
     async def _start_jobs(self, runs: list[Running]) -> None:
-        # A first claim of a job the shard loop looked up ahead of its run-at starts at once:
-        # nothing can have recorded it since (claim.lua's 'checked'). The others wait for
-        # the lookup: a re-delivery may find the row its last run committed.
+        # A first claim starts at once (claim.lua's 'at_once'): only the job's own run writes
+        # its row, so none is there but in two rare cases the lookup below still catches.
+        # The others wait for the lookup: a re-delivery may find the row its last run
+        # committed.
+        at_once = False
         for run in runs:
-            if run.job.checked:
+            if run.job.at_once:
                 run.task = _spawn(self._execute(run), f"shardq-job-{run.job.job_id}")
+                at_once = True
+        if at_once:
+            # The handlers start before this task builds and sends the lookup's query.
+            await asyncio.sleep(0)
         keys = [(r.job.tenant, r.job.request_id) for r in runs]
         done = await self._retry_db(lambda: self.results.already_done(keys))
         for run in runs:
             found = (run.job.tenant, run.job.request_id) in done
-            if run.job.checked:
-                # Looked up all the same, alongside: a Redis that lost acknowledged writes
-                # (a failover without replica acks) can lose a claim whose run committed its
-                # row, and hand the job out again as never claimed. Its run stops here.
+            if run.job.at_once:
+                # Looked up all the same, alongside, for the two cases a first claim can have
+                # a row: the same request_id submitted again after its dedupe window, whose
+                # first job ended (a delayed one is found ahead instead, shard/precheck.py),
+                # and a Redis that lost acknowledged writes (a failover without replica acks),
+                # which can lose a claim whose run committed its row and hand the job out
+                # again as never claimed. The run stops here; the row stands.
                 if found and run.task is not None and not run.task.done():
                     run.duplicate = True
                     run.task.cancel()

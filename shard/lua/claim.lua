@@ -43,9 +43,10 @@
 --                                            claimed before its run-at: the worker waits
 --                                            run_at_ms - this before starting it)
 --   j=15  trace_context    (string)          <- 'tc' ('' when the submitter sent none)
---   j=16  checked          ('1' or '0')      '1': a first claim ('f' was 0) of a job the shard
---                                            loop found no final row for ('ck', precheck.lua):
---                                            the worker starts it without looking again
+--   j=16  at_once          ('1' or '0')      '1': a first claim ('f' was 0) of a job the shard
+--                                            loop did not find done ahead ('ck' is not 'd',
+--                                            prechecked.lua): the worker starts it at once and
+--                                            looks its row up alongside
 -- When the batch filled up (or the skip cap was hit) and work remains in a queue, one wake-up
 -- token is left on that queue's wake list for another worker.
 local now, lease_ms = shard_now(ARGV[1]), tonumber(ARGV[2])
@@ -148,7 +149,7 @@ local function take(q, t, i, id, j)
   fence = (fence or tonumber(redis.call('GET', KEYS[2]) or '0')) + 1
   local attempts = (tonumber(j[12]) or 0) + 1
   -- Read before this claim sets 'f': a job never claimed before has 'f' = 0 (enqueue.lua).
-  local checked = (j[15] == '1' and tonumber(j[14] or '0') == 0) and '1' or '0'
+  local at_once = (j[15] ~= 'd' and tonumber(j[14] or '0') == 0) and '1' or '0'
   -- A job promoted ahead (promote.lua's ahead_ms) starts on its run-at: its worker waits.
   local starts = math.max(now, tonumber(j[8]) or 0)
   redis.call('HSET', job, 's', 'active', 'f', string.format('%d', fence), 'w', worker,
@@ -165,7 +166,7 @@ local function take(q, t, i, id, j)
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, fence, t, j[4]
   out[n + 5], out[n + 6], out[n + 7], out[n + 8] = j[5], j[6], j[7], j[8]
   out[n + 9], out[n + 10], out[n + 11], out[n + 12] = j[9], attempts, j[10], j[11]
-  out[n + 13], out[n + 14], out[n + 15], out[n + 16] = q, now, j[13] or '', checked
+  out[n + 13], out[n + 14], out[n + 15], out[n + 16] = q, now, j[13] or '', at_once
   claimed = claimed + 1
 end
 

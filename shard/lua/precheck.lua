@@ -1,7 +1,7 @@
 -- The scheduled jobs that the shard loop may look up ahead of their run-at (shard/precheck.py):
 -- those of the given tenants due in [from, until] by run-at that were never claimed ('f' 0)
--- and are not yet looked up ('ck' absent). Read only; prechecked.lua marks the ones found
--- without a final row. The caller passes the tenants on `due` by `until` (the others have no
+-- and are not yet marked ('ck' absent). Read only; prechecked.lua marks the ones found
+-- with a final row. The caller passes the tenants on `due` by `until` (the others have no
 -- job due by then) a page at a time; a cursor of (tenants done, offset in the next) walks a
 -- tenant with more jobs in the range than one call's limit.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job and tscheduled keys

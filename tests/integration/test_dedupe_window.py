@@ -1,7 +1,7 @@
 """A tenant's dedupe window (issue 15, item 6) through a real cluster: set with ``shardq tenants
 set --dedupe-window``, applied by the shard's ``enqueue.lua`` from the tenant's limits, and
-what a resubmit after the window gets: a new job, whose handler does not run again while the
-first job's result row exists (docs/guarantees.md, "At the edge of the dedupe window")."""
+what a resubmit after the window gets: a new job, whose result is the first job's while that
+job's result row exists (docs/guarantees.md, "At the edge of the dedupe window")."""
 
 from __future__ import annotations
 
@@ -128,11 +128,12 @@ async def test_a_window_outside_its_bounds_is_refused_naming_the_field(
 
 
 @pytest.mark.timeout(240)
-async def test_a_resubmit_after_the_window_is_a_new_job_that_the_result_row_keeps_from_running(
+async def test_a_resubmit_after_the_window_is_a_new_job_that_the_result_row_answers_for(
     cluster: Cluster, shardq: Shardq
 ) -> None:
-    """Resubmitted at once (its worker looks the row up before it runs) and delayed (the shard
-    loop looks it up ahead of its run-at, and leaves it unmarked: the worker looks again)."""
+    """Resubmitted due at once (its worker starts it and looks the row up alongside: the run
+    is stopped or its end changes nothing) and delayed (the shard loop looks it up ahead of
+    its run-at and marks it: the worker looks the row up first and acks it unrun)."""
     tenant, rid, later = "edge", "order-42", "order-43"
     run = await shardq("tenants", "set", tenant, "--dedupe-window", str(MIN_DEDUPE_WINDOW_S))
     assert run.code == 0, run.err
@@ -170,9 +171,10 @@ async def test_a_resubmit_after_the_window_is_a_new_job_that_the_result_row_keep
         pre = loops[cluster.coordinator.shard_map.shard_for(tenant)].precheck
         assert pre is not None
         looked_up = pre.metrics.jobs.labels(shard=pre.metrics.shard_id, result="done")
-        assert looked_up._value.get() == 1  # the delayed one: found done, left unmarked
-    # The second jobs were acked without their handler: the first jobs' rows answered for them.
-    assert handlers.EXECUTIONS[rid] == 1
+        assert looked_up._value.get() == 1  # the delayed one: found done, marked
+    # The first jobs' rows answered for the second ones. The one due at once did start; the
+    # delayed one was acked without its handler.
+    assert handlers.EXECUTIONS[rid] == 2
     assert handlers.EXECUTIONS[later] == 1
     assert json.loads(second.result) == json.loads(done.result)
     assert json.loads(second_later.result) == json.loads(done_later.result)

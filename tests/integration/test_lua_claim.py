@@ -50,7 +50,7 @@ async def test_claiming_the_only_ready_job_leases_it_with_a_fresh_fence(
     assert claimed == ClaimedJob(
         job_id="J1", fence=1, tenant="acme", request_id="rJ1", handler="h", payload=P,
         priority=4, run_at_ms=NOW, created_at_ms=NOW, attempt=1, max_attempts=3,
-        timeout_ms=9_000, queue="default", started_at_ms=NOW,
+        timeout_ms=9_000, queue="default", started_at_ms=NOW, at_once=True,
     )  # fmt: skip
     assert await dump(redis) == {
         "sq:job:J1": active("J1", 1, pr="4", ma="3", to="9000"),

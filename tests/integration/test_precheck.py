@@ -1,6 +1,7 @@
-"""Delayed jobs looked up ahead of their run-at (``shard/precheck.py``): the leading shard loop
-marks the never-claimed ones without a final row, and a worker starts such a job on its first
-claim without a lookup of its own — yet still never lets a job with a final row finish again.
+"""First claims started at once, and delayed jobs looked up ahead of their run-at
+(``shard/precheck.py``): a worker starts a never-claimed job at once and looks its row up
+alongside, stopping the run if a final row is there; the leading shard loop marks the
+never-claimed delayed jobs a final row answers for, whose first claim is looked up first.
 
 Real Redis (a fake clock), real Postgres; the walk is driven a pass at a time, the worker is a
 real one in this process.
@@ -41,7 +42,7 @@ def row(tenant: str, request_id: str, status: str = "succeeded") -> ResultRow:
 
 async def marked(redis: Redis, settings_prefix: str, *jids: str) -> dict[str, bool]:
     keys = Keys(settings_prefix)
-    return {j: await redis.hget(keys.job(j), "ck") == b"1" for j in jids}
+    return {j: await redis.hget(keys.job(j), "ck") == b"d" for j in jids}
 
 
 def count(pre: Prechecker, result: str) -> float:
@@ -51,7 +52,7 @@ def count(pre: Prechecker, result: str) -> float:
 # --- the walk -------------------------------------------------------------------------------
 
 
-async def test_a_walk_marks_the_delayed_jobs_due_soon_that_no_final_row_answers_for(
+async def test_a_walk_marks_the_delayed_jobs_due_soon_that_a_final_row_answers_for(
     shard: ShardClient, redis: Redis, result_store: ResultStore
 ) -> None:
     await result_store.write([row("acme", "rDONE"), row("acme", "rDEAD", "dead")])
@@ -68,7 +69,7 @@ async def test_a_walk_marks_the_delayed_jobs_due_soon_that_no_final_row_answers_
     await pre.walk()
     prefix = shard.settings.key_prefix
     assert await marked(redis, prefix, "SOON", "DONE", "DEAD", "LATER", "NOW") == {
-        "SOON": True, "DONE": False, "DEAD": True, "LATER": False, "NOW": False,
+        "SOON": False, "DONE": True, "DEAD": False, "LATER": False, "NOW": False,
     }  # fmt: skip
     assert (count(pre, "clean"), count(pre, "done")) == (2, 1)
     # The next pass reads on from where this one stopped: nothing is looked up twice.
@@ -82,10 +83,12 @@ async def test_a_walk_goes_through_more_equal_run_ats_than_one_call_reads(
     jids = [f"J{i}" for i in range(11)]
     await shard.enqueue([job(j, run_at_ms=NOW + 500) for j in jids])
     await shard.enqueue([job("K", run_at_ms=NOW + 501)])
+    await result_store.write([row("acme", f"r{j}") for j in jids[::2]])
     pre = Prechecker(shard, result_store, PrecheckSettings(batch=3))
     await pre.walk()
-    assert all((await marked(redis, shard.settings.key_prefix, *jids, "K")).values())
-    assert count(pre, "clean") == 12
+    found = await marked(redis, shard.settings.key_prefix, *jids, "K")
+    assert [j for j, m in found.items() if m] == jids[::2]
+    assert (count(pre, "clean"), count(pre, "done")) == (6, 6)
 
 
 async def test_a_walk_goes_through_many_tenants_a_page_of_entries_at_a_time(
@@ -97,6 +100,7 @@ async def test_a_walk_goes_through_many_tenants_a_page_of_entries_at_a_time(
     tenants = [f"t{n}" for n in range(5)]
     soon = [job(f"{t}x{i}", tenant=t, delay_ms=100 + 10 * i) for t in tenants for i in range(4)]
     await shard.enqueue([*soon, job("FAR", tenant="t0", delay_ms=AHEAD * 5)])
+    await result_store.write([row(j.tenant, j.request_id) for j in soon] + [row("t0", "rFAR")])
     calls = []
     page_of = shard.precheck_page
 
@@ -110,10 +114,10 @@ async def test_a_walk_goes_through_many_tenants_a_page_of_entries_at_a_time(
     ids = [j.job_id for j in soon]
     assert all((await marked(redis, shard.settings.key_prefix, *ids)).values())
     assert not (await marked(redis, shard.settings.key_prefix, "FAR"))["FAR"]
-    assert count(pre, "clean") == 20
+    assert count(pre, "done") == 20
     assert all(len(c) <= 2 for c in calls) and len(calls) >= 20 // 3
     await pre.walk()  # the next pass reads on from where this one ended
-    assert count(pre, "clean") == 20
+    assert count(pre, "done") == 20
 
 
 async def test_a_job_claimed_once_is_neither_listed_nor_marked_and_its_next_claim_looks_up(
@@ -124,7 +128,7 @@ async def test_a_job_claimed_once_is_neither_listed_nor_marked_and_its_next_clai
     clock.advance(100)
     await shard.promote()
     (first,) = await shard.claim("w1", 1, LEASE)
-    assert first.checked  # never claimed, looked up ahead: the worker starts it at once
+    assert first.at_once  # never claimed, not found done ahead: the worker starts it at once
     # It fails and waits for its retry: scheduled again, but its run may have written a row.
     await shard.fail([Failure("J1", first.fence, 1, "boom", retry_at_ms=NOW + 1_000)])
     page = await shard.precheck_page(NOW, NOW + AHEAD, ["acme"])
@@ -133,19 +137,23 @@ async def test_a_job_claimed_once_is_neither_listed_nor_marked_and_its_next_clai
     clock.advance(1_000)
     await shard.promote()
     (second,) = await shard.claim("w1", 1, LEASE)
-    assert (second.attempt, second.checked) == (2, False)
+    assert (second.attempt, second.at_once) == (2, False)
 
 
-async def test_an_unmarked_job_is_claimed_unchecked(shard: ShardClient) -> None:
-    await shard.enqueue([job("J1")])
-    (claimed,) = await shard.claim("w1", 1, LEASE)
-    assert not claimed.checked
+async def test_a_first_claim_starts_at_once_unless_the_walk_found_the_job_done(
+    shard: ShardClient,
+) -> None:
+    await shard.enqueue([job("J1"), job("J2")])  # ready at once: no walk reads them
+    assert await shard.mark_prechecked(["J2"]) == 1
+    claimed = await shard.claim("w1", 2, LEASE)
+    assert {c.job_id: c.at_once for c in claimed} == {"J1": True, "J2": False}
 
 
 async def test_a_failing_database_leaves_jobs_unmarked_and_the_next_pass_marks_them(
     shard: ShardClient, redis: Redis, result_store: ResultStore
 ) -> None:
     await shard.enqueue([job("J1", delay_ms=500)])
+    await result_store.write([row("acme", "rJ1")])
     down = ResultStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
     try:
         with pytest.raises(psycopg.OperationalError):
@@ -168,13 +176,16 @@ async def cluster(database_url: str) -> AsyncIterator[Cluster]:
 
 
 @pytest.mark.timeout(120)
-async def test_a_marked_job_whose_row_turns_up_is_stopped_and_acked_without_a_second_row(
-    cluster: Cluster,
+@pytest.mark.parametrize("found_ahead", [False, True], ids=["started", "marked-by-the-walk"])
+async def test_a_first_claim_whose_row_turns_up_is_stopped_and_acked_without_a_second_row(
+    cluster: Cluster, found_ahead: bool
 ) -> None:
-    """A Redis that lost acknowledged writes (a failover without replica acks) can lose the
-    claim of a run that committed its row, and hand the job out again as never claimed and
-    looked up. The worker starts it at once, finds the row alongside, and stops the run."""
-    tenant, rid = "acme", "lost-claim"
+    """A first claim can have a final row: the same request_id submitted again after its
+    dedupe window, once the first job ended, or a Redis that lost acknowledged writes (a
+    failover without replica acks) losing the claim of a run that committed its row. The
+    worker starts it at once, finds the row alongside, and stops the run; a job the walk
+    marked as found done is looked up first, and its handler never starts."""
+    tenant, rid = "acme", f"lost-claim-{found_ahead}"
     store = ResultStore(psycopg_dsn(cluster.database_url))
     try:
         await store.write([row(tenant, rid)])
@@ -186,14 +197,16 @@ async def test_a_marked_job_whose_row_turns_up_is_stopped_and_acked_without_a_se
         payload = json.dumps({"n": 2, "ms": 60_000}).encode()
         new = NewJob(tenant=tenant, handler="test.work", payload=payload, request_id=rid)
         (res,) = await client.enqueue([new])
-        assert await client.mark_prechecked([res.job_id]) == 1
+        if found_ahead:
+            assert await client.mark_prechecked([res.job_id]) == 1
         handlers.EXECUTIONS[rid] = 0
         async with running_worker(cluster, handlers=["test.work"]):
             # Acked long before the handler's minute is up: its run was stopped.
             async with asyncio.timeout(45):
                 while (await client.get_job(tenant, res.job_id)).state != "succeeded":
                     await asyncio.sleep(0.05)
-        assert handlers.EXECUTIONS[rid] == 1  # it did start without a lookup first
+        # Started without a lookup first, unless marked.
+        assert handlers.EXECUTIONS[rid] == (0 if found_ahead else 1)
         (found,) = await result_rows(cluster.database_url)
         assert (found["job_id"], found["result"]) == ("EARLIER", {"by": "the earlier job"})
     finally:

@@ -262,7 +262,7 @@ def claim_reply(*jobs: ClaimedJob) -> list[Any]:
             j.handler.encode(), j.payload, str(j.priority).encode(), str(j.run_at_ms).encode(),
             str(j.created_at_ms).encode(), j.attempt, str(j.max_attempts).encode(),
             str(j.timeout_ms).encode(), j.queue.encode(), j.started_at_ms,
-            j.trace_context.encode(), b"1" if j.checked else b"0",
+            j.trace_context.encode(), b"1" if j.at_once else b"0",
         ]  # fmt: skip
     return flat
 
@@ -273,7 +273,7 @@ def claimed(n: int) -> ClaimedJob:
         payload=b'{"n": %d}' % n, priority=n, run_at_ms=1_000 + n, created_at_ms=900 + n,
         attempt=1 + n, max_attempts=5 + n, timeout_ms=9_000 + n, queue=f"q{n}",
         started_at_ms=1_100 + n, trace_context=f"00-{n:032x}-{n:016x}-01" if n % 2 else "",
-        checked=n % 2 == 0,
+        at_once=n % 2 == 0,
     )  # fmt: skip
 
 
