@@ -140,18 +140,31 @@ class ShardClient:
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if not self.settings.durability.replicas or name in NOT_WAITED:
             return await self._scripts[name](keys=[self._base, *keys], args=list(args))
-        return await self._run_replicated(name, [self._base, *keys], args)
+        return await self._pipelined(name, keys, args)
 
-    async def _run_replicated(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
-        """The script, then WAIT (or WAITAOF) for the replicas, in one round trip: a call
-        whose write fewer replicas confirm raises NotReplicated, and is not acknowledged."""
+    async def _pipelined(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], first: Sequence[Any] = ()
+    ) -> Any:
+        """The script in one round trip after the command ``first`` (none: ``()``), and where
+        writes wait for replicas, WAIT (or WAITAOF) after it: a call whose write fewer
+        replicas confirm raises NotReplicated, and is not acknowledged."""
         script = self._scripts[name]
+        keys = [self._base, *keys]
+        replicated = bool(self.settings.durability.replicas) and name not in NOT_WAITED
         for _ in range(2):
             pipe = self._r.pipeline(transaction=False)
+            if first:
+                pipe.execute_command(*first)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
-            pipe.incr(self.keys.wait_mark())  # so the WAIT below waits for everything
-            pipe.execute_command(*self.settings.durability.command())
-            reply, _, waited = await pipe.execute(raise_on_error=False)
+            if replicated:
+                pipe.incr(self.keys.wait_mark())  # so the WAIT below waits for everything
+                pipe.execute_command(*self.settings.durability.command())
+            replies = await pipe.execute(raise_on_error=False)
+            if first:
+                if isinstance(replies[0], Exception):
+                    raise replies[0]
+                replies, first = replies[1:], ()  # done: a reload below does not run it again
+            reply = replies[0]
             if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: load, again
                 await self._r.script_load(script.script)
                 continue
@@ -161,6 +174,9 @@ class ShardClient:
                 raise NotReplicated(f"the shard refused the write: {reply}") from reply
             if isinstance(reply, Exception):
                 raise reply
+            if not replicated:
+                return reply
+            waited = replies[2]
             try:
                 if isinstance(waited, Exception):
                     raise NotReplicated(f"the wait for the shard's replicas failed: {waited}")
@@ -397,6 +413,7 @@ class ShardClient:
         max_jobs: int,
         lease_ms: int,
         queues: Sequence[str] = (DEFAULT_QUEUE,),
+        wait_s: float = 0,
     ) -> list[ClaimedJob]:
         """Claim up to ``max_jobs`` ready jobs of ``queues`` under leases of ``lease_ms``.
 
@@ -405,6 +422,11 @@ class ShardClient:
         tenants take turns (weighted), then the tenant's highest priority, then FIFO. Paused
         queues and tenants, tenants at their ``max_active``, and jobs this worker handed back
         for want of their handler (:meth:`release` with ``avoid_ms``) are passed over.
+
+        With ``wait_s`` > 0, first wait as :meth:`wait_for_work` does, up to ``wait_s``, and
+        claim as that wait ends, in the same round trip: Redis runs the claim queued behind
+        the BLPOP as soon as a wake-up token unblocks it (or the wait times out), and the
+        jobs come back with no second trip. For a caller that found nothing ready.
         """
         validation.worker_id(worker_id)
         validation.int_in_range(max_jobs, 1, self.settings.max_batch, "max_jobs")
@@ -417,12 +439,14 @@ class ShardClient:
         # primary instead, say with its replication ID, needs the primary change itself
         # replicated before its first token; that is this WAIT again, once per primary, with
         # more moving parts; and claims are batched, one WAIT per batch.)
+        keys = [k.fence(), k.leases()]
+        args = [self._now_arg(), lease_ms, max_jobs, worker_id, *names]
         try:
-            flat = await self._run(
-                "claim",
-                [k.fence(), k.leases()],
-                [self._now_arg(), lease_ms, max_jobs, worker_id, *names],
-            )
+            if wait_s > 0:
+                wait = ["BLPOP", *(k.wake(q) for q in names), wait_s]
+                flat = await self._pipelined("claim", keys, args, wait)
+            else:
+                flat = await self._run("claim", keys, args)
         except NotReplicated as exc:
             if exc.reply:
                 await self._give_back(ClaimedJob.from_reply(exc.reply))

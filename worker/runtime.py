@@ -313,17 +313,34 @@ class Worker:
 
     async def _claim_forever(self, shard: ShardHandle) -> None:
         s = self.settings
+        idle = False
         while shard.active and not self._stopping.is_set():
             await self._room.wait()
-            want = min(s.concurrency - len(self.running) - self._reserved, s.claim_batch)
+            room = s.concurrency - len(self.running) - self._reserved
+            want = min(room, s.claim_batch)
             if want <= 0:
                 self._update_room()
                 continue
+            wait_s = 0.0
+            if idle:
+                # Nothing was ready: wait for work and claim in one round trip. The slots
+                # it holds while it waits are this shard's share of the room, so that the
+                # other shards' loops can claim meanwhile; with less room than that, it
+                # waits alone, holding none, and claims after.
+                share = room // max(1, len(self.shards))
+                if share < 1:
+                    try:
+                        await shard.client.wait_for_work(s.idle_block_s, shard.queues)
+                    except RedisError:
+                        await asyncio.sleep(0.5)
+                    idle = False
+                    continue
+                want, wait_s = min(want, share), s.idle_block_s
             self._reserved += want
             claim_ns = time.time_ns()
             try:
                 jobs = await shard.client.claim(
-                    s.worker_id, want, s.lease_ms, queues=shard.claim_order()
+                    s.worker_id, want, s.lease_ms, queues=shard.claim_order(), wait_s=wait_s
                 )
             except RedisError as exc:
                 log.warning("shard %s unavailable: %s", shard.shard_id, exc)
@@ -332,7 +349,10 @@ class Worker:
             finally:
                 self._reserved -= want
                 self._update_room()
+            idle = not jobs
             if jobs:
+                if wait_s:  # the claim ran as the wait ended: its span starts at the reply
+                    claim_ns = time.time_ns()
                 shard.clock.observe(monotonic_ms(), jobs[0].started_at_ms)
                 runs = self._register(shard, jobs)
                 for job in jobs:  # a job submitted traced: a claim span in its trace
@@ -347,11 +367,6 @@ class Worker:
                 start = _spawn(self._start_jobs(runs), f"shardq-start-{shard.shard_id}")
                 self._starting.add(start)
                 start.add_done_callback(self._starting.discard)
-                continue
-            try:
-                await shard.client.wait_for_work(s.idle_block_s, shard.queues)
-            except RedisError:
-                await asyncio.sleep(0.5)
 
     def _register(self, shard: ShardHandle, jobs: list[ClaimedJob]) -> list[Running]:
         """Hold claimed jobs (slots, leases, metrics) before anything awaits."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from redis.asyncio import Redis
 
@@ -318,3 +320,38 @@ async def test_claim_records_the_worker_and_counts_the_attempt(
     raw = await redis.hgetall("sq:job:J1")
     assert (raw[b"w"], raw[b"at"], raw[b"f"], raw[b"sa"]) == (b"worker-7", b"1", b"1", b"%d" % NOW)
     assert await redis.zscore("sq:leases", "J1") == NOW + 1_000
+
+
+# -- a claim that waits for work (claim(wait_s=...): BLPOP and claim.lua in one round trip) --
+
+
+async def test_a_waiting_claim_takes_the_job_enqueued_while_it_waits(
+    shard: ShardClient, redis: Redis
+) -> None:
+    waiting = asyncio.create_task(shard.claim("w1", 5, LEASE, wait_s=30))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # nothing ready, no wake-up token: it waits
+    await shard.enqueue([job("J1")])
+    async with asyncio.timeout(20):  # well inside its 30 s wait: the enqueue's token woke it
+        (claimed,) = await waiting
+    assert (claimed.job_id, claimed.fence) == ("J1", 1)
+    assert (await dump(redis)).get(WAKE) is None  # the token was taken, none left behind
+
+
+async def test_a_waiting_claim_with_nothing_ready_returns_nothing_when_its_wait_ends(
+    shard: ShardClient, redis: Redis
+) -> None:
+    assert await shard.claim("w1", 5, LEASE, wait_s=0.1) == []
+    assert await dump(redis) == {}
+
+
+async def test_a_waiting_claim_reloads_a_flushed_script_and_does_not_wait_again(
+    shard: ShardClient, redis: Redis
+) -> None:
+    """The BLPOP took the wake-up token and the claim found its script gone (a restarted
+    Redis): the script is loaded and the claim runs again alone, not behind a second wait."""
+    await shard.enqueue([job("J1")])  # ready, with its wake-up token
+    await redis.script_flush()
+    async with asyncio.timeout(20):
+        claimed = await shard.claim("w1", 5, LEASE, wait_s=60)
+    assert [c.job_id for c in claimed] == ["J1"]

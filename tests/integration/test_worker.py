@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Sequence
 
@@ -160,3 +161,26 @@ async def test_a_redelivered_job_whose_row_exists_is_acked_without_running_again
     assert ledger == 1
     rows = await wait_for_rows(cluster.database_url, 1)
     assert [(r["request_id"], r["attempts"]) for r in rows] == [("once", 1)]
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+@pytest.mark.parametrize("shard_id", [0, 1])
+async def test_an_idle_worker_waiting_on_every_shard_takes_a_job_from_either_at_once(
+    cluster: Cluster, concurrency: int, shard_id: int
+) -> None:
+    """An idle claim loop waits for work and claims in one round trip, holding slots while it
+    waits: only its shard's share, so that a job on the other shard is not left for the whole
+    wait (a minute here) for want of a slot. With fewer slots than shards, it holds none."""
+    tenant = next(
+        t for t in (f"idle-{i}" for i in range(16))
+        if cluster.coordinator.shard_map.shard_for(t) == shard_id
+    )  # fmt: skip
+    async with running_worker(cluster, concurrency=concurrency, idle_block_s=60) as worker:
+        async with asyncio.timeout(30):
+            while len(worker.shards) < 2:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # both claim loops have found nothing and wait
+        client = await cluster.client(tenant)
+        submitted = await client.submit("test.work", {"n": shard_id})
+        async with asyncio.timeout(30):  # half the wait: the job was taken as it came
+            assert (await client.wait(submitted.job_id)).state == JobState.SUCCEEDED
