@@ -360,6 +360,7 @@ class Worker:
                         tracing.record(
                             "shardq claim", job.trace_context, claim_ns, "consumer", _attrs(job)
                         )
+                at_once = self._start_at_once(runs)
                 # A task of its own, not awaited: this loop claims on while Postgres answers
                 # the batch's already-done check (waiting for it put every Postgres hiccup
                 # into the claim lateness of the jobs behind). A stop() that cancels this
@@ -367,6 +368,11 @@ class Worker:
                 start = _spawn(self._start_jobs(runs), f"shardq-start-{shard.shard_id}")
                 self._starting.add(start)
                 start.add_done_callback(self._starting.discard)
+                if at_once and wait_s:
+                    # Woken from idle: the handlers take their first step before this loop
+                    # builds and sends its next claim. (Under load it sends it first, so that
+                    # Redis works on the next batch while this one runs.)
+                    await asyncio.sleep(0)
 
     def _register(self, shard: ShardHandle, jobs: list[ClaimedJob]) -> list[Running]:
         """Hold claimed jobs (slots, leases, metrics) before anything awaits."""
@@ -385,19 +391,21 @@ class Worker:
         self._update_room()
         return runs
 
-    async def _start_jobs(self, runs: list[Running]) -> None:
-        # A first claim starts at once (claim.lua's 'at_once'): only the job's own run writes
-        # its row, so none is there but in two rare cases the lookup below still catches.
-        # The others wait for the lookup: a re-delivery may find the row its last run
-        # committed.
+    def _start_at_once(self, runs: list[Running]) -> bool:
+        """Start the first claims (claim.lua's 'at_once'); whether there was one. Only a job's
+        own run writes its row, so a first claim has none but in two rare cases that
+        :meth:`_start_jobs`' lookup alongside still catches. Their tasks are made before that
+        lookup's, so they take their first step before its query is built and sent."""
         at_once = False
         for run in runs:
             if run.job.at_once:
                 run.task = _spawn(self._execute(run), f"shardq-job-{run.job.job_id}")
                 at_once = True
-        if at_once:
-            # The handlers start before this task builds and sends the lookup's query.
-            await asyncio.sleep(0)
+        return at_once
+
+    async def _start_jobs(self, runs: list[Running]) -> None:
+        # The first claims are started already (_start_at_once). The others wait for the
+        # lookup: a re-delivery may find the row its last run committed.
         keys = [(r.job.tenant, r.job.request_id) for r in runs]
         done = await self._retry_db(lambda: self.results.already_done(keys))
         for run in runs:
