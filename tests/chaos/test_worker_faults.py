@@ -19,7 +19,7 @@ from shardq.store.db import make_engine, results
 from tests.chaos.test_worker_chaos import active_jobs_of, static_shards
 from tests.support.chaos import Chaos, ledger_jobs, load_on
 from tests.support.chaos_handlers import GATES, LEDGER
-from tests.support.procs import wait_until_serving
+from tests.support.procs import WorkerProcess, wait_until_serving
 from tests.support.workers import result_rows, running_worker
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
@@ -39,7 +39,7 @@ async def test_workers_killed_every_two_seconds_under_load_lose_and_duplicate_no
     load = load_on(chaos.cluster.target, chaos.cluster.admin_token, ledger_jobs("k", rng))
     for _ in range(6):
         await asyncio.sleep(2)
-        victim = rng.choice(chaos.alive())
+        victim = await _worker_mid_run(chaos) or rng.choice(chaos.alive())
         victim.signal(signal.SIGKILL)
         await asyncio.to_thread(victim.proc.wait, 10)
         chaos.start_worker()  # the deployment's replacement
@@ -51,6 +51,21 @@ async def test_workers_killed_every_two_seconds_under_load_lose_and_duplicate_no
     # attempt: no claim ran twice (the fencing token).
     assert report.re_executions["new_attempt"] > 0, report.render()
     assert report.re_executions["same_attempt"] == 0, report.render()
+
+
+async def _worker_mid_run(chaos: Chaos, wait_s: float = 3) -> WorkerProcess | None:
+    """An alive worker holding the lease of a job whose handler has begun (its run is in the
+    runs file), so that killing it re-runs that job; None if none turns up in ``wait_s``.
+    Picking at random, a kill can land between jobs or between a claim and its handler's
+    first line, and six such kills would prove nothing."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        begun = {request_id for (_, request_id) in chaos.runs()}
+        for w in chaos.alive():
+            if await active_jobs_of(chaos.cluster, w.worker_id) & begun:
+                return w
+        await asyncio.sleep(0.01)
+    return None
 
 
 async def test_a_worker_frozen_past_its_lease_under_load_duplicates_nothing_when_it_wakes(
