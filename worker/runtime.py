@@ -107,6 +107,8 @@ class Running:
     releasing: bool = False
     #: Started before the row lookup (``ClaimedJob.at_once``), which then found its row.
     duplicate: bool = False
+    #: Its outcome is with the recorder: it holds no slot, only its lease (WorkerRuntime.done).
+    recording: bool = False
     #: The handler's last progress report (``ctx.progress``), for the result row.
     progress: JobProgress | None = None
     #: A job claimed before its run-at: when to start it (``shardclock.monotonic_ms``).
@@ -204,6 +206,8 @@ class Worker:
         self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
         #: Slots promised to claims in flight, so concurrent shard loops cannot overshoot.
         self._reserved = 0
+        #: Runs in ``running`` whose outcome is with the recorder (``Running.recording``).
+        self._recording = 0
         self._room = asyncio.Event()
         self._room.set()
         self._idle = asyncio.Event()
@@ -316,7 +320,7 @@ class Worker:
         idle = False
         while shard.active and not self._stopping.is_set():
             await self._room.wait()
-            room = s.concurrency - len(self.running) - self._reserved
+            room = self._free_slots()
             want = min(room, s.claim_batch)
             if want <= 0:
                 self._update_room()
@@ -422,7 +426,7 @@ class Worker:
                     run.task.cancel()
             elif found:
                 # Re-delivered after its row was committed: ack without running it again.
-                self._outcomes.put_nowait(Outcome(run, "duplicate"))
+                self._done(Outcome(run, "duplicate"))
             else:
                 run.task = _spawn(self._execute(run), f"shardq-job-{run.job.job_id}")
 
@@ -434,13 +438,13 @@ class Worker:
         if spec is None:
             # Not this worker's to fail: back to ready, for a worker that has the handler.
             self.unknown.note(job)
-            self._outcomes.put_nowait(Outcome(run, "unrunnable"))
+            self._done(Outcome(run, "unrunnable"))
             return
         if run.start_at_ms is not None:
             try:
                 job = await self._until_run_at(run)
             except asyncio.CancelledError:
-                self._outcomes.put_nowait(Outcome(run, _interrupted(run)))
+                self._done(Outcome(run, _interrupted(run)))
                 return
         timeout_s = spec.timeout_s or job.timeout_ms / 1000
         factory: Any = None
@@ -478,7 +482,7 @@ class Worker:
         # uncounted, and honours it once the job's uncounted attempts are used up.
         if outcome.kind == "failure" and spec.max_attempts and job.attempt >= spec.max_attempts:
             outcome.permanent = True
-        self._outcomes.put_nowait(outcome)
+        self._done(outcome)
 
     async def _until_run_at(self, run: Running) -> ClaimedJob:
         """Sleep until ``run``'s job is due by its shard's clock (``ShardClock``); then it
@@ -683,16 +687,41 @@ class Worker:
         self.metrics.lease_lost.inc()
         log.warning("lease lost", extra={"job_id": job_id, "shard": shard_id})
 
+    def _done(self, outcome: Outcome) -> None:
+        """Hand a run's outcome to the recorder. Its slot is free from here on: a slot is a
+        handler running (``--concurrency``), and a run that waited for its row's commit and
+        its ack in its slot made the worker's pace one batch per Postgres commit, however
+        short its handlers (a disk slow to fsync halved the drain). Its lease is still held
+        and heartbeated until the ack."""
+        run = outcome.run
+        if not run.recording:
+            run.recording = True
+            self._recording += 1
+        self._outcomes.put_nowait(outcome)
+        self._update_room()
+
     def _finish(self, run: Running) -> None:
         self.running.pop((run.shard_id, run.job.job_id), None)
+        if run.recording:
+            run.recording = False
+            self._recording -= 1
         self.heartbeater.remove(run.shard_id, run.job.job_id)
         self._update_room()
         if not self.running:
             self._idle.set()
 
+    def _free_slots(self) -> int:
+        """Slots neither running a handler nor promised to a claim in flight. Bounded too by
+        the outcomes waiting for their rows: at most ``concurrency`` of them besides the
+        running handlers (one batch being written while the next one runs), so that a
+        Postgres that is slow or down stops the claims, as before, instead of running more
+        handlers whose rows cannot be written."""
+        c = self.settings.concurrency
+        return min(c + self._recording, 2 * c) - len(self.running) - self._reserved
+
     def _update_room(self) -> None:
-        """Open the gate for claim loops exactly while a slot is neither taken nor promised."""
-        if len(self.running) + self._reserved < self.settings.concurrency:
+        """Open the gate for claim loops exactly while a slot is free (:meth:`_free_slots`)."""
+        if self._free_slots() > 0:
             self._room.set()
         else:
             self._room.clear()

@@ -184,3 +184,34 @@ async def test_an_idle_worker_waiting_on_every_shard_takes_a_job_from_either_at_
         submitted = await client.submit("test.work", {"n": shard_id})
         async with asyncio.timeout(30):  # half the wait: the job was taken as it came
             assert (await client.wait(submitted.job_id)).state == JobState.SUCCEEDED
+
+
+async def test_a_slot_is_free_while_its_row_waits_for_postgres_and_finished_jobs_are_bounded(
+    cluster: Cluster,
+) -> None:
+    """A slot is a handler running: a job whose handler returned waits for its row's commit
+    without holding one, so the next job runs meanwhile. No more than --concurrency such jobs
+    wait besides the running handlers: with the results table locked against writes, a worker
+    of one slot runs two jobs and no third, and every row lands once the lock goes."""
+    EXECUTIONS.clear()
+    client = await cluster.client("acme")
+    engine = make_engine(cluster.database_url)
+    try:
+        async with engine.connect() as lock:
+            # SHARE mode: the worker's INSERTs wait, its already-done SELECTs do not.
+            await lock.execute(sa.text("LOCK TABLE shardq_results IN SHARE MODE"))
+            async with running_worker(cluster, concurrency=1) as worker:
+                for n in range(4):
+                    await client.submit("test.work", {"n": n}, request_id=f"slot-{n}")
+                async with asyncio.timeout(30):
+                    while len(EXECUTIONS) < 2:
+                        await asyncio.sleep(0.02)
+                await asyncio.sleep(1)  # a third would have started by now
+                assert sorted(EXECUTIONS) == ["slot-0", "slot-1"]
+                assert len(worker.running) == 2
+                await lock.rollback()
+                rows = await wait_for_rows(cluster.database_url, 4)
+    finally:
+        await engine.dispose()
+    assert sorted(r["request_id"] for r in rows) == [f"slot-{n}" for n in range(4)]
+    assert dict(EXECUTIONS) == {f"slot-{n}": 1 for n in range(4)}
