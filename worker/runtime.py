@@ -409,8 +409,13 @@ class Worker:
 
     async def _start_jobs(self, runs: list[Running]) -> None:
         # The first claims are started already (_start_at_once). The others wait for the
-        # lookup: a re-delivery may find the row its last run committed.
-        keys = [(r.job.tenant, r.job.request_id) for r in runs]
+        # lookup: a re-delivery may find the row its last run committed. A first claim whose
+        # handler has returned already (short handlers return in their first step, before
+        # this task's) is not looked up: the answer could no longer stop it, and its row
+        # meets the final one as a late completion does (store/results.py). A batch of such
+        # jobs costs Postgres no query (already_done of nothing sends none).
+        keys = [(r.job.tenant, r.job.request_id) for r in runs
+                if not (r.job.at_once and r.recording)]  # fmt: skip
         done = await self._retry_db(lambda: self.results.already_done(keys))
         for run in runs:
             found = (run.job.tenant, run.job.request_id) in done

@@ -211,3 +211,48 @@ async def test_a_first_claim_whose_row_turns_up_is_stopped_and_acked_without_a_s
         assert (found["job_id"], found["result"]) == ("EARLIER", {"by": "the earlier job"})
     finally:
         await redis.aclose()
+
+
+async def test_a_first_claim_whose_handler_returned_is_not_looked_up_and_its_row_stands(
+    cluster: Cluster,
+) -> None:
+    """The lookup alongside a first claim can only stop a run still going: a handler that
+    returns in its first step (``echo``) is not looked up, and its late completion meets the
+    final row, which stands. One that awaits (``test.work``) is looked up as before."""
+    tenant = "acme"
+    store = ResultStore(psycopg_dsn(cluster.database_url))
+    try:
+        await store.write([row(tenant, "quick"), row(tenant, "slow")])
+    finally:
+        await store.close()
+    looked_up: list[tuple[str, str]] = []
+    redis = Redis(port=cluster.shards[0].port)
+    try:
+        client = ShardClient(redis, cluster.settings.shard)
+        async with running_worker(cluster, handlers=["echo", "test.work"]) as worker:
+            real = worker.results.already_done
+
+            async def spy(keys: Any) -> set[tuple[str, str]]:
+                keys = list(keys)
+                looked_up.extend(keys)
+                return await real(keys)
+
+            worker.results.already_done = spy  # type: ignore[method-assign]
+            quick, slow = await client.enqueue([
+                NewJob(tenant=tenant, handler="echo", payload=b"{}", request_id="quick"),
+                NewJob(tenant=tenant, handler="test.work", payload=b'{"ms": 60000}',
+                       request_id="slow"),
+            ])  # fmt: skip
+            async with asyncio.timeout(45):
+                for res in (quick, slow):
+                    while (await client.get_job(tenant, res.job_id)).state != "succeeded":
+                        await asyncio.sleep(0.05)
+        assert (tenant, "quick") not in looked_up
+        assert (tenant, "slow") in looked_up
+        rows = {r["request_id"]: r for r in await result_rows(cluster.database_url)}
+        assert {rid: r["job_id"] for rid, r in rows.items()} == {
+            "quick": "EARLIER",
+            "slow": "EARLIER",
+        }
+    finally:
+        await redis.aclose()
