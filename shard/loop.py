@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
 from shardq.common.errors import NotFound
+from shardq.common.redis import log_redis_error
 from shardq.shard import cron
 from shardq.shard.client import ShardClient
 from shardq.shard.load import LoadSampler, TenantGauges
@@ -133,7 +134,7 @@ class ShardLoop:
                         await self._pause(s.leader_ttl_ms / 3000)
                 except RedisError as exc:
                     self.role = "disconnected"
-                    log.warning("shard redis unavailable: %s", exc)
+                    log_redis_error(log, "shard redis", "a call", exc)
                     await self._pause(s.retry_delay_ms / 1000)
         finally:
             self.metrics.leader.set(0)

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
 from shardq.common import tracing
-from shardq.common.redis import redis_for
+from shardq.common.redis import log_redis_error, redis_for
 from shardq.shard.backoff import Backoff
 from shardq.shard.client import ShardClient
 from shardq.shard.codes import ItemCode
@@ -107,7 +107,7 @@ class Running:
     releasing: bool = False
     #: Started before the row lookup (``ClaimedJob.at_once``), which then found its row.
     duplicate: bool = False
-    #: Its outcome is with the recorder: it holds no slot, only its lease (WorkerRuntime.done).
+    #: Its outcome is with the recorder: it holds no slot, only its lease (Worker._done).
     recording: bool = False
     #: The handler's last progress report (``ctx.progress``), for the result row.
     progress: JobProgress | None = None
@@ -347,7 +347,7 @@ class Worker:
                     s.worker_id, want, s.lease_ms, queues=shard.claim_order(), wait_s=wait_s
                 )
             except RedisError as exc:
-                log.warning("shard %s unavailable: %s", shard.shard_id, exc)
+                log_redis_error(log, f"shard {shard.shard_id}", "the claim", exc)
                 await asyncio.sleep(0.5)
                 continue
             finally:
@@ -694,10 +694,10 @@ class Worker:
 
     def _done(self, outcome: Outcome) -> None:
         """Hand a run's outcome to the recorder. Its slot is free from here on: a slot is a
-        handler running (``--concurrency``), and a run that waited for its row's commit and
-        its ack in its slot made the worker's pace one batch per Postgres commit, however
-        short its handlers (a disk slow to fsync halved the drain). Its lease is still held
-        and heartbeated until the ack."""
+        handler running (``--concurrency``), and a run that waited in its slot for its row's
+        commit and its ack held the next jobs back for those round trips, however short its
+        handlers (at the default 16 slots a drain ran at ~60% of its pace now). Its lease is
+        still held and heartbeated until the ack."""
         run = outcome.run
         if not run.recording:
             run.recording = True

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from prometheus_client import generate_latest
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shardq.client import JobState, job_spec
@@ -215,3 +218,49 @@ async def test_a_slot_is_free_while_its_row_waits_for_postgres_and_finished_jobs
         await engine.dispose()
     assert sorted(r["request_id"] for r in rows) == [f"slot-{n}" for n in range(4)]
     assert dict(EXECUTIONS) == {f"slot-{n}": 1 for n in range(4)}
+
+
+async def test_a_shard_that_refuses_claims_is_logged_as_refusing_and_served_once_it_accepts(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shard that answers a claim with an error (here its ACL takes scripts away from the
+    user shardq logs in as: NOPERM) is not "unavailable": the worker's log and the shard
+    loop's say it refused, and why. The worker keeps trying, and the job waiting there runs
+    once the shard accepts it again."""
+    tenant = next(t for t in (f"acl-{i}" for i in range(16))
+                  if cluster.coordinator.shard_map.shard_for(t) == 0)  # fmt: skip
+    client = await cluster.client(tenant)
+    submitted = await client.submit("test.work", {"n": 1})
+    port = cluster.shards[0].port
+    everything: dict[str, Any] = {"keys": ["*"], "channels": ["*"], "enabled": True}
+    admin = Redis(port=port, username="admin", password="pw")
+    async with Redis(port=port) as shard:
+        await shard.acl_setuser("admin", passwords=["+pw"], commands=["+@all"], **everything)
+        await shard.acl_setuser(
+            "default", reset=True, nopass=True, commands=["+@all", "-@scripting"], **everything
+        )
+    try:
+        with caplog.at_level(logging.WARNING):
+            async with running_worker(cluster):
+                async with asyncio.timeout(30):
+                    while not {"shardq.worker", "shardq.shard"} <= {
+                        r.name for r in caplog.records if " refused " in r.getMessage()
+                    }:
+                        await asyncio.sleep(0.05)
+                for r in caplog.records:
+                    if r.name in ("shardq.worker", "shardq.shard"):
+                        assert "unavailable" not in r.getMessage(), r.getMessage()
+                (claim, *_) = [r for r in caplog.records if "refused the claim" in r.getMessage()]
+                assert claim.levelno == logging.ERROR
+                assert claim.getMessage().startswith("shard 0 refused the claim: ")
+                assert "no permissions to run the 'evalsha' command" in claim.getMessage()
+                await admin.acl_setuser("default", reset=True, nopass=True, commands=["+@all"],
+                                        **everything)  # fmt: skip
+                async with asyncio.timeout(30):
+                    assert (await client.wait(submitted.job_id)).state == JobState.SUCCEEDED
+    finally:
+        await admin.acl_setuser(
+            "default", reset=True, nopass=True, commands=["+@all"], **everything
+        )
+        await admin.acl_deluser("admin")
+        await admin.aclose()

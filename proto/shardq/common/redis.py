@@ -14,6 +14,7 @@ The shard's password (``--redis-password``) is given to the sentinels too.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from redis.asyncio.sentinel import (
     SentinelManagedConnection,
 )
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import DataError, RedisError
+from redis.exceptions import DataError, RedisError, ResponseError
 from redis.typing import EncodableT
 
 from shardq.common.errors import InvalidArgument, Unavailable
@@ -275,3 +276,14 @@ class NotReplicated(Unavailable, RedisError):
     #: The script's reply, when the primary applied it and only the wait fell short (a
     #: claim's jobs, which the claimer hands back); None when nothing was applied.
     reply: Any = None
+
+
+def log_redis_error(log: logging.Logger, shard: str, action: str, exc: RedisError) -> None:
+    """Log a failed call to a shard's Redis as what it was. Redis that answered with an error
+    *refused* (ERROR): an address that is a replica's (READONLY), the shard's ACL (NOPERM), a
+    script's error; saying "unavailable" then sends an operator to the network. Anything else
+    (refused connection, timeout, a failover under way) is *unavailable* (WARNING)."""
+    if isinstance(exc, ResponseError):
+        log.error("%s refused %s: %s", shard, action, exc)
+    else:
+        log.warning("%s unavailable: %s", shard, exc)
