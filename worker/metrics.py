@@ -42,6 +42,12 @@ class WorkerMetrics:
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.in_flight = Gauge("shardq_worker_in_flight", "Jobs held by this worker", registry=r)
+        #: Read at each scrape from the worker (``Worker._recording``): no cost per job.
+        self.awaiting_rows = Gauge(
+            "shardq_worker_awaiting_rows",
+            "Jobs whose handler has returned, waiting for their result row and ack",
+            registry=r,
+        )
         self.lease_lost = Counter("shardq_worker_lease_losses", "Leases lost mid-run", registry=r)
         self.shards = Gauge("shardq_worker_shards", "Shards this worker claims from", registry=r)
         self.unrunnable = Counter(

@@ -208,6 +208,7 @@ class Worker:
         self._reserved = 0
         #: Runs in ``running`` whose outcome is with the recorder (``Running.recording``).
         self._recording = 0
+        self.metrics.awaiting_rows.set_function(lambda: self._recording)
         self._room = asyncio.Event()
         self._room.set()
         self._idle = asyncio.Event()

@@ -212,6 +212,8 @@ async def test_a_slot_is_free_while_its_row_waits_for_postgres_and_finished_jobs
                 await asyncio.sleep(1)  # a third would have started by now
                 assert sorted(EXECUTIONS) == ["slot-0", "slot-1"]
                 assert len(worker.running) == 2
+                text = generate_latest(worker.metrics.registry).decode()
+                assert "shardq_worker_awaiting_rows 2.0" in text
                 await lock.rollback()
                 rows = await wait_for_rows(cluster.database_url, 4)
     finally:
