@@ -137,8 +137,12 @@ class ShardClient:
         self._base = self.keys.base()
         self._last_limits: tuple[TenantLimits, str] | None = None
 
+    def _waited(self, name: str) -> bool:
+        """Whether a call of script ``name`` waits for replicas after its write."""
+        return bool(self.settings.durability.replicas) and name not in NOT_WAITED
+
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if not self.settings.durability.replicas or name in NOT_WAITED:
+        if not self._waited(name):
             return await self._scripts[name](keys=[self._base, *keys], args=list(args))
         return await self._pipelined(name, keys, args)
 
@@ -150,7 +154,7 @@ class ShardClient:
         replicas confirm raises NotReplicated, and is not acknowledged."""
         script = self._scripts[name]
         keys = [self._base, *keys]
-        replicated = bool(self.settings.durability.replicas) and name not in NOT_WAITED
+        replicated = self._waited(name)
         for _ in range(2):
             pipe = self._r.pipeline(transaction=False)
             if first:
