@@ -76,13 +76,17 @@ sys.path.insert(0, str(HERE / "peers"))
 
 import psycopg  # noqa: E402
 from _common import (  # noqa: E402
+    CPU_GROUPS,
     TENANT_B_BASE,
+    CpuMeter,
     count_starts,
+    cpu_per_job_us,
     duplicate_starts,
     fairness_metrics,
     read_starts,
     serve,
     summary_ms,
+    wait_first_start,
     wait_for_starts,
 )
 from redis.asyncio import Redis  # noqa: E402
@@ -424,6 +428,16 @@ class Cluster:
             self._wait_health("worker-", lambda h: bool(h.get("shards")))
         return launched
 
+    def cpu_meter(self) -> CpuMeter:
+        """CPU of this cluster's processes by kind, its Redis servers and Postgres."""
+        kinds = {"workers": "worker-", "coordinator": "coordinator", "shard_loops": "shard-"}
+        sessions = {
+            kind: [p.popen.pid for p in self.procs if p.name.startswith(prefix)]
+            for kind, prefix in kinds.items()
+        }
+        ports = [int(_address(url).rsplit(":", 1)[1]) for url in self.redis_urls]
+        return CpuMeter(sessions, ports, postgres=True)
+
     def check_alive(self) -> None:
         for proc in self.procs:
             if proc.popen.poll() is not None:
@@ -611,7 +625,11 @@ def _drain_run(
     asyncio.run(queue())
     n = sum(len(v) for v in per_tenant.values())
     launched = cluster.start_workers(wait=False)
+    meter = cluster.cpu_meter()
+    wait_first_start(cluster.starts, cluster.check_alive, timeout_s)
+    cpu_before = meter.mark()
     done_at = cluster.wait_rows(n, timeout_s)
+    cpu = cpu_per_job_us(cpu_before, meter.mark(), n)
     stamps = sorted(read_starts(cluster.starts).values())
     if len(stamps) < n:
         raise RuntimeError(f"{n} result rows but {len(stamps)} start records")
@@ -621,6 +639,7 @@ def _drain_run(
         "drain_s": round(span, 3),
         "start_jobs_per_s": round((n - 1) / (stamps[-1] - stamps[0]), 1),
         "launch_to_first_start_s": round(stamps[0] - launched, 3),
+        **cpu,
     }
 
 
@@ -639,6 +658,10 @@ def drain(req: dict[str, Any]) -> dict[str, Any]:
             "(the peers' definition)",
             result_rows=rows,
             duplicates=duplicate_starts(cluster.starts),
+            cpu="cpu_us_per_job_*: CPU seconds (utime + stime, /proc) from the first job start "
+            "to the last result row, per job, of each kind of process: workers, coordinator, "
+            "shard_loops (each with its children), "
+            + "; ".join(f"{k}: {v}" for k, v in CPU_GROUPS.items()),
         ),
     }
 

@@ -29,7 +29,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 PEER_SCENARIOS = {
     "submit": {"single_jobs_per_s", "batch_jobs_per_s"},
-    "drain": {"jobs_per_s", "drain_s", "launch_to_first_start_s"},
+    "drain": {
+        "jobs_per_s",
+        "drain_s",
+        "launch_to_first_start_s",
+        "cpu_us_per_job",
+        "cpu_us_per_job_workers",
+        "cpu_us_per_job_redis",
+    },
     "latency": {"p50_ms", "p99_ms", "max_ms"},
     "delayed": {"p50_ms", "p99_ms", "max_ms", "min_ms", "early_jobs"},
     "fairness": {"b_wait_p99_ms", "a_wait_p99_ms", "b_p99_over_a_p99"},
@@ -39,7 +46,8 @@ SHARDQ_SCENARIOS = {
     **PEER_SCENARIOS,
     "submit": {"single_jobs_per_s", "unary_64_in_flight_jobs_per_s", "batch_jobs_per_s",
                "batch_4_in_flight_jobs_per_s"},
-    "drain": {"jobs_per_s", "drain_s", "start_jobs_per_s", "launch_to_first_start_s"},
+    "drain": {*PEER_SCENARIOS["drain"], "start_jobs_per_s", "cpu_us_per_job_coordinator",
+              "cpu_us_per_job_shard_loops", "cpu_us_per_job_postgres"},
     "scale": {"redis_bytes_per_scheduled_job", "claim_us_per_job_empty", "claim_us_per_job_loaded",
               "promote_us_per_job_empty", "promote_us_per_job_loaded"},
     "multishard": {"jobs_per_s_1_shards", "jobs_per_s_2_shards"},

@@ -82,6 +82,105 @@ def wait_for_starts(path: str, count: int, timeout: float, poll: float = 0.01) -
     return seen
 
 
+# --- CPU per process -----------------------------------------------------------------------
+#
+# Where a drain's CPU goes: each system's processes, read from /proc at the first job start and
+# at the end, so that start-up (imports, connections) is left out. A process group is a
+# session: every worker is started in its own (``start_new_session``), and its children (a
+# pool's forks, py-spy's target) are counted with it.
+
+
+def _stat(pid: str) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None  # gone meanwhile
+
+
+def _ticks(fields: list[str]) -> int:
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+class CpuMeter:
+    """CPU seconds of named process groups, the Redis servers on ``redis_ports`` and (with
+    ``postgres``) every ``postgres`` process of the machine, at each :meth:`mark`."""
+
+    def __init__(
+        self, sessions: dict[str, Sequence[int]], redis_ports: Sequence[int] = (),
+        postgres: bool = False,
+    ) -> None:  # fmt: skip
+        self.sessions = {name: {str(s) for s in ids} for name, ids in sessions.items()}
+        self.redis_ports = tuple(f":{port}" for port in redis_ports)
+        self.postgres = postgres
+
+    def _group(self, pid: str, fields: list[str]) -> str | None:
+        for name, ids in self.sessions.items():
+            if fields[3] in ids:  # the session ID
+                return name
+        words = _cmdline(pid).split() or [""]
+        # Servers retitle themselves: "/usr/bin/redis-server 127.0.0.1:6379", "postgres: ..."
+        program = os.path.basename(words[0]).rstrip(":")
+        if program == "redis-server" and words[1:2] and words[1].endswith(self.redis_ports):
+            return "redis"
+        if self.postgres and program == "postgres":
+            return "postgres"
+        return None
+
+    def mark(self) -> dict[str, float]:
+        """Seconds of CPU used so far by each group, the driver (this process) as ``driver``."""
+        ticks: dict[str, int] = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            fields = _stat(pid)
+            group = fields and self._group(pid, fields)
+            if fields and group:
+                ticks[group] = ticks.get(group, 0) + _ticks(fields)
+        hz = os.sysconf("SC_CLK_TCK")
+        out = {name: n / hz for name, n in ticks.items()}
+        out["driver"] = time.process_time()
+        return out
+
+
+def cpu_per_job_us(
+    before: dict[str, float], after: dict[str, float], jobs: int
+) -> dict[str, float]:
+    """Metrics: ``cpu_us_per_job`` (every group) and ``cpu_us_per_job_<group>``, µs of CPU
+    per job between two marks."""
+    per = {k: (after[k] - before.get(k, 0.0)) * 1e6 / jobs for k in sorted(after)}
+    out = {"cpu_us_per_job": round(sum(per.values()), 1)}
+    out.update({f"cpu_us_per_job_{k}": round(v, 1) for k, v in per.items()})
+    return out
+
+
+#: What each ``cpu_us_per_job_<group>`` counts (the peers' worker groups are named by them).
+CPU_GROUPS = {
+    "redis": "the Redis server(s) of the run",
+    "postgres": "every postgres process of the machine (postmaster, its background "
+    "processes, every backend): nothing else uses it during a run",
+    "driver": "the bench driver: polls the start records (and, for shardq, the result rows)",
+}
+
+
+def wait_first_start(path: str, check_alive: Callable[[], None], timeout: float) -> None:
+    """Return as soon as one start record exists (polled every ms)."""
+    deadline = time.monotonic() + timeout
+    while count_starts(path) == 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no job started in {timeout}s")
+        check_alive()
+        time.sleep(0.001)
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
     ordered = sorted(values)

@@ -14,14 +14,18 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from _common import (
+    CPU_GROUPS,
     TENANT_B_BASE,
+    CpuMeter,
     Workers,
     count_starts,
+    cpu_per_job_us,
     duplicate_starts,
     fairness_metrics,
     log,
     read_starts,
     summary_ms,
+    wait_first_start,
     wait_for_starts,
     worker_env,
 )
@@ -66,6 +70,11 @@ def _workers(req: dict[str, Any], peer: Peer) -> Workers:
     here = os.path.dirname(os.path.abspath(__file__))
     env = worker_env(_starts(req), peer.worker_extra_env())
     return Workers(peer.worker_commands(), env, here, req["workdir"])
+
+
+def _redis_ports(req: dict[str, Any]) -> list[int]:
+    """The port of the peer's Redis (``redis://host:port/db``)."""
+    return [int(req["redis_url"].rsplit(":", 1)[1].split("/", 1)[0])]
 
 
 def _starts(req: dict[str, Any]) -> str:
@@ -180,7 +189,11 @@ def drain(req: dict[str, Any], peer: Peer) -> dict[str, Any]:
     _submit_all(peer, range(n), p["batch_size"])
     launched = time.time()
     with _workers(req, peer) as workers:
+        meter = CpuMeter({"workers": [w.pid for w in workers.procs]}, _redis_ports(req))
+        wait_first_start(_starts(req), workers.check_alive, p["timeout_s"])
+        cpu_before = meter.mark()
         _wait_all(req, workers, n, timeout=p["timeout_s"])
+        cpu = cpu_per_job_us(cpu_before, meter.mark(), n)
         starts = read_starts(_starts(req))
     stamps = sorted(starts.values())
     span = stamps[-1] - stamps[0]
@@ -189,12 +202,16 @@ def drain(req: dict[str, Any], peer: Peer) -> dict[str, Any]:
             "jobs_per_s": round((n - 1) / span, 1),
             "drain_s": round(span, 3),
             "launch_to_first_start_s": round(stamps[0] - launched, 3),
+            **cpu,
         },
         "config": _config(
             req,
             peer,
             queued_with=peer.bulk_api or "single submit calls",
             duplicates=duplicate_starts(_starts(req)),
+            cpu="cpu_us_per_job_*: CPU seconds (utime + stime, /proc) from the first job start "
+            "to the last, per job: workers (each worker command with its children), "
+            + "; ".join(f"{k}: {v}" for k, v in CPU_GROUPS.items() if k != "postgres"),
         ),
     }
 
