@@ -14,6 +14,8 @@ from shardq.common.redis import Durability
 from shardq.shard.backoff import Backoff
 from shardq.shard.records import (
     DEFAULT_QUEUE,
+    UNSTORED_MAX_ATTEMPTS,
+    UNSTORED_TIMEOUT_MS,
     ClaimedJob,
     EnqueueResult,
     FailResult,
@@ -59,9 +61,9 @@ class ShardSettings:
     #: Largest payload accepted, in bytes (1 MiB).
     max_payload_bytes: int = 1_048_576
     #: Attempts a job gets when it does not say (a job may ask for 1 to 1,000).
-    default_max_attempts: int = 5
+    default_max_attempts: int = UNSTORED_MAX_ATTEMPTS
     #: Handler timeout when a job does not say, in ms (5 min).
-    default_timeout_ms: int = 300_000
+    default_timeout_ms: int = UNSTORED_TIMEOUT_MS
     #: Furthest into the future a job may be scheduled, in ms (366 days).
     max_schedule_horizon_ms: int = 366 * 86_400_000
     #: Most jobs one script call handles (enqueue, claim, ack, heartbeat, promote, reap).

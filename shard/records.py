@@ -26,6 +26,12 @@ from shardq.shard.codes import ItemCode
 
 #: The queue of a job that names none; a job hash without field ``q`` is in it.
 DEFAULT_QUEUE: Final = "default"
+#: The max attempts and the timeout (ms) of a job hash without field ``ma`` or ``to``: the
+#: values most jobs have (``ShardSettings``' defaults) are not stored, like ``q`` above. Each
+#: field left out of a job hash saves Redis memory per job (a job of the usual kind: 248 -> 200
+#: bytes of hash with ``pr``, ``at`` and ``f`` at 0 left out too) and enqueue time.
+UNSTORED_MAX_ATTEMPTS: Final = 5
+UNSTORED_TIMEOUT_MS: Final = 300_000
 
 
 class JobState(StrEnum):
@@ -118,14 +124,14 @@ JOB_FIELD_DOCS: Final[Mapping[JobField, str]] = {
     JobField.REQUEST_ID: "request ID (the tenant's idempotency key)",
     JobField.HANDLER: "handler name",
     JobField.PAYLOAD: "payload (bytes, a JSON document)",
-    JobField.PRIORITY: "priority 0-9, 9 most urgent",
+    JobField.PRIORITY: "priority 0-9, 9 most urgent (absent: 0, which is not stored)",
     JobField.STATE: "state: " + " | ".join(STATES),
     JobField.RUN_AT_MS: "run-at, unix ms (when it was or will be due)",
     JobField.CREATED_AT_MS: "created-at, unix ms",
-    JobField.ATTEMPTS: "attempts so far (claims, including the one running)",
-    JobField.MAX_ATTEMPTS: "max attempts",
-    JobField.TIMEOUT_MS: "handler timeout, ms",
-    JobField.FENCE: "fencing token of the current or last lease",
+    JobField.ATTEMPTS: "attempts so far (claims, including the one running; absent: 0)",
+    JobField.MAX_ATTEMPTS: f"max attempts (absent: {UNSTORED_MAX_ATTEMPTS}, which is not stored)",
+    JobField.TIMEOUT_MS: f"handler timeout, ms (absent: {UNSTORED_TIMEOUT_MS}, not stored)",
+    JobField.FENCE: "fencing token of the current or last lease (absent: 0, never claimed)",
     JobField.WORKER_ID: "worker ID of the current or last lease",
     JobField.STARTED_AT_MS: "started-at of the current or last attempt, unix ms",
     JobField.FINISHED_AT_MS: "finished-at, unix ms (terminal states)",
@@ -389,8 +395,8 @@ class JobRecord:
             run_at_ms=i(JobField.RUN_AT_MS),
             created_at_ms=i(JobField.CREATED_AT_MS),
             attempts=i(JobField.ATTEMPTS),
-            max_attempts=i(JobField.MAX_ATTEMPTS),
-            timeout_ms=i(JobField.TIMEOUT_MS),
+            max_attempts=int(h.get(JobField.MAX_ATTEMPTS) or UNSTORED_MAX_ATTEMPTS),
+            timeout_ms=int(h.get(JobField.TIMEOUT_MS) or UNSTORED_TIMEOUT_MS),
             fence=i(JobField.FENCE),
             worker_id=t(JobField.WORKER_ID),
             started_at_ms=i(JobField.STARTED_AT_MS),

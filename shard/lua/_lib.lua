@@ -45,6 +45,11 @@ local function k_old_scheduled() return base .. 'scheduled' end
 
 -- The queue of a job hash without field 'q'.
 local DEFAULT_QUEUE = 'default'
+-- A job hash leaves out the fields that hold their usual value (enqueue.lua): 'q' (above),
+-- 'pr', 'at' and 'f' at 0, 'ma' and 'to' at these (shard/records.py: UNSTORED_*). Read them
+-- with `or`.
+local UNSTORED_MAX_ATTEMPTS = '5'
+local UNSTORED_TIMEOUT_MS = '300000'
 
 -- Most wake-up tokens kept for idle workers of a queue; more would only cause empty claims.
 local WAKE_CAP = 64
@@ -119,6 +124,7 @@ end
 -- queues (tqueues), and puts the tenant on the queue's ring (claim drops it lazily there if it
 -- is paused or parked).
 local function push_ready(id, t, q, prio)
+  prio = prio or '0' -- a job hash without 'pr' is at priority 0
   if redis.call('RPUSH', k_ready(t, q, prio), id) == 1 then
     redis.call('ZADD', k_tprio(t, q), prio, prio)
     redis.call('SADD', k_tqueues(t), q)

@@ -164,8 +164,9 @@ local function take(q, t, i, id, j)
   end
   local n = #out
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, fence, t, j[4]
-  out[n + 5], out[n + 6], out[n + 7], out[n + 8] = j[5], j[6], j[7], j[8]
-  out[n + 9], out[n + 10], out[n + 11], out[n + 12] = j[9], attempts, j[10], j[11]
+  out[n + 5], out[n + 6], out[n + 7], out[n + 8] = j[5], j[6], j[7] or '0', j[8]
+  out[n + 9], out[n + 10] = j[9], attempts
+  out[n + 11], out[n + 12] = j[10] or UNSTORED_MAX_ATTEMPTS, j[11] or UNSTORED_TIMEOUT_MS
   out[n + 13], out[n + 14], out[n + 15], out[n + 16] = q, now, j[13] or '', at_once
   claimed = claimed + 1
 end

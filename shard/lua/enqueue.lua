@@ -18,18 +18,19 @@
 --   j=3   request_id       (string)          -> 'r' (and the dedupe key's name)
 --   j=4   handler          (string)          -> 'h'
 --   j=5   payload          (bytes)           -> 'p'
---   j=6   priority         (int 0-9)         -> 'pr'
+--   j=6   priority         (int 0-9)         -> 'pr' (not stored when 0)
 --   j=7   run_at_ms        (int, unix ms)    -> 'ra'; '' for none: 'ra' = now + delay_ms
 --   j=8   delay_ms         (int, ms)         used when run_at_ms is '' (0: due now)
---   j=9   max_attempts     (int)             -> 'ma'
---   j=10  timeout_ms       (int, ms)         -> 'to'
+--   j=9   max_attempts     (int)             -> 'ma' (not stored when UNSTORED_MAX_ATTEMPTS)
+--   j=10  timeout_ms       (int, ms)         -> 'to' (not stored when UNSTORED_TIMEOUT_MS)
 --   j=11  digest           (string)          of handler+payload: kept in the dedupe key's value
 --   j=12  queue            (string)          -> 'q' (not stored for 'default')
 --   j=13  limit_defaults   (string)          "<max_pending> <max_pending_bytes> <rate> <burst>":
 --          the caller's defaults of limits:{t} 'max_pending' (0 = none), 'max_pending_bytes'
 --          (bytes, 0 = none), 'rate' (float, per s, 0 = no limit) and 'burst' (0 = max(1,
---          rate)), used where the tenant's limits:{t} hash has no such field; none is stored. A job made here also gets 's' = 'ready' (or
---          'scheduled' when its run-at > now), 'ca' = now, 'at' = 0 and 'f' = 0; its
+--          rate)), used where the tenant's limits:{t} hash has no such field; none is stored.
+--          A job made here also gets 's' = 'ready' (or 'scheduled' when its run-at > now)
+--          and 'ca' = now ('at' and 'f', 0 until its first claim, are not stored); its
 --          payload's length is added to counts:{t} 'bytes'.
 --   j=14  retry            (string)          -> 'rb': "<base_ms> <max_ms> <jitter>", the job's
 --          own retry policy (fail.lua); '' for none, and then nothing is stored
@@ -108,6 +109,11 @@ local function take_token(tenant, rate, burst)
   return wait
 end
 
+-- Adds field `name` = `value` to the HSET arguments `fields` unless it is `usual`.
+local function put_unless(fields, name, value, usual)
+  if value ~= usual then fields[#fields + 1], fields[#fields + 2] = name, value end
+end
+
 -- Each distinct limit_defaults string of the batch, parsed once (a batch's jobs share them).
 local parsed_defaults = {}
 local function defaults_of(s)
@@ -150,13 +156,17 @@ for i = FIRST, #ARGV, STRIDE do
       redis.call('SET', dkey, id .. ' ' .. digest, 'PX', window and window * 1000 or ttl)
       local state = 'ready'
       if run_at > now then state = 'scheduled' end
-      local job = k_job(id)
-      redis.call('HSET', job, 't', tenant, 'r', rid, 'h', handler, 'p', payload,
-        'pr', prio, 's', state, 'ra', run_at, 'ca', now, 'at', 0, 'ma', max_attempts,
-        'to', timeout_ms, 'f', 0)
-      if q ~= DEFAULT_QUEUE then redis.call('HSET', job, 'q', q) end
-      if ARGV[i + 13] ~= '' then redis.call('HSET', job, 'rb', ARGV[i + 13]) end
-      if ARGV[i + 14] ~= '' then redis.call('HSET', job, 'tc', ARGV[i + 14]) end
+      -- Fields at their usual value are left out (_lib.lua, UNSTORED_*): a field costs
+      -- memory per job, and the HSET's time grows with its fields.
+      local fields = {'t', tenant, 'r', rid, 'h', handler, 'p', payload, 's', state,
+        'ra', run_at, 'ca', now}
+      put_unless(fields, 'pr', prio, '0')
+      put_unless(fields, 'ma', max_attempts, UNSTORED_MAX_ATTEMPTS)
+      put_unless(fields, 'to', timeout_ms, UNSTORED_TIMEOUT_MS)
+      put_unless(fields, 'q', q, DEFAULT_QUEUE)
+      put_unless(fields, 'rb', ARGV[i + 13], '')
+      put_unless(fields, 'tc', ARGV[i + 14], '')
+      redis.call('HSET', k_job(id), unpack(fields))
       if state == 'ready' then
         push_ready(id, tenant, q, prio)
       else

@@ -80,7 +80,7 @@ for i = 3, #ARGV, 8 do
         redis.call('HINCRBY', job, 'at', -1)
         attempt = redis.call('HINCRBY', job, 'sr', 1) -- the backoff grows with these
       end
-      if not uncounted and (permanent or attempt >= tonumber(j[6])) then
+      if not uncounted and (permanent or attempt >= tonumber(j[6] or UNSTORED_MAX_ATTEMPTS)) then
         redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', err)
         push_dead(id, tenant, now)
         uncount_bytes(job, tenant)

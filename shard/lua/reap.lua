@@ -32,7 +32,7 @@ for _, id in ipairs(ids) do
       redis.call('PEXPIRE', job, retention)
       uncount_bytes(job, tenant)
       to_outbox(id, now)
-    elseif tonumber(j[4]) >= tonumber(j[5]) then
+    elseif tonumber(j[4] or 0) >= tonumber(j[5] or UNSTORED_MAX_ATTEMPTS) then
       redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', 'lease expired')
       push_dead(id, tenant, now)
       uncount_bytes(job, tenant)

@@ -32,10 +32,12 @@ def job(jid: str = "J1", tenant: str = "acme", **kw: Any) -> NewJob:
 
 
 def job_hash(jid: str, state: str, tenant: str = "acme", **over: str) -> dict[str, str]:
-    """The hash enqueue writes for ``job(jid, tenant)`` at NOW, in ``state``, fields overridden."""
+    """The hash enqueue writes for ``job(jid, tenant)`` at NOW, in ``state``, fields overridden.
+    Without 'pr', 'at', 'f', 'ma' and 'to': enqueue leaves out fields at their usual value
+    (0, 0, 0, 5, 300000)."""
     h = {
-        "t": tenant, "r": f"r{jid}", "h": "h", "p": P.decode(), "pr": "0", "s": state,
-        "ra": str(NOW), "ca": str(NOW), "at": "0", "ma": "5", "to": "300000", "f": "0",
+        "t": tenant, "r": f"r{jid}", "h": "h", "p": P.decode(), "s": state,
+        "ra": str(NOW), "ca": str(NOW),
     }  # fmt: skip
     h.update(over)
     return h

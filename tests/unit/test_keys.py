@@ -9,6 +9,7 @@ from importlib import resources
 import pytest
 
 from shardq.shard.keys import JOB_FIELDS, STATES, TERMINAL_STATES, Keys
+from shardq.shard.records import DEFAULT_QUEUE, UNSTORED_MAX_ATTEMPTS, UNSTORED_TIMEOUT_MS
 from shardq.shard.scripts import SCRIPT_NAMES
 
 #: Lua builder name (``k_<name>`` in _lib.lua) -> the Keys method that spells the same key.
@@ -160,3 +161,12 @@ def test_the_job_state_field_documents_every_state() -> None:
     assert TERMINAL_STATES.issubset(STATES)
     for state in STATES:
         assert state in JOB_FIELDS["s"]
+
+
+def test_lua_reads_a_missing_job_field_as_python_does() -> None:
+    """A job hash leaves out fields at their usual value (``shard.records``): the queue, max
+    attempts and timeout that Lua assumes for a missing field are Python's."""
+    lua = dict(re.findall(r"^local ([A-Z_]+) = '([^']*)'$", LIB, re.MULTILINE))
+    assert lua["DEFAULT_QUEUE"] == DEFAULT_QUEUE
+    assert lua["UNSTORED_MAX_ATTEMPTS"] == str(UNSTORED_MAX_ATTEMPTS)
+    assert lua["UNSTORED_TIMEOUT_MS"] == str(UNSTORED_TIMEOUT_MS)

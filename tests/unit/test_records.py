@@ -162,7 +162,7 @@ def test_a_full_hash_reads_into_every_attribute() -> None:
     assert rec.state is JobState.ACTIVE
 
 
-def test_fields_missing_from_the_hash_read_as_zero_empty_or_false() -> None:
+def test_fields_missing_from_the_hash_read_as_zero_empty_false_or_the_usual_value() -> None:
     # A job just enqueued: no worker, start, finish, error, cancel or hand-back yet.
     later = (b"w", b"sa", b"fa", b"e", b"cx", b"xw", b"xu", b"rb", b"pg")
     fresh = {k: v for k, v in FULL_HASH.items() if k not in later}
@@ -174,8 +174,8 @@ def test_fields_missing_from_the_hash_read_as_zero_empty_or_false() -> None:
     bare = JobRecord.from_hash("J2", {b"t": b"acme", b"pr": b""})
     assert bare == JobRecord(
         job_id="J2", tenant="acme", request_id="", handler="", payload=b"", priority=0,
-        state=JobState.UNKNOWN, run_at_ms=0, created_at_ms=0, attempts=0, max_attempts=0,
-        timeout_ms=0, fence=0, worker_id="", started_at_ms=0, finished_at_ms=0, last_error="",
+        state=JobState.UNKNOWN, run_at_ms=0, created_at_ms=0, attempts=0, max_attempts=5,
+        timeout_ms=300_000, fence=0, worker_id="", started_at_ms=0, finished_at_ms=0, last_error="",
         cancel_requested=False, queue="default", avoid_worker_id="", avoid_until_ms=0,
     )  # fmt: skip
 
