@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,7 @@ class CpuMeter:
     ``postgres``) every ``postgres`` process of the machine, at each :meth:`mark`."""
 
     def __init__(
-        self, sessions: dict[str, Sequence[int]], redis_ports: Sequence[int] = (),
+        self, sessions: Mapping[str, Sequence[int]], redis_ports: Sequence[int] = (),
         postgres: bool = False,
     ) -> None:  # fmt: skip
         self.sessions = {name: {str(s) for s in ids} for name, ids in sessions.items()}
