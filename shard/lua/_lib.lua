@@ -45,9 +45,10 @@ local function k_old_scheduled() return base .. 'scheduled' end
 
 -- The queue of a job hash without field 'q'.
 local DEFAULT_QUEUE = 'default'
--- A job hash leaves out the fields that hold their usual value (enqueue.lua): 'q' (above),
--- 'pr', 'at' and 'f' at 0, 'ma' and 'to' at these (shard/records.py: UNSTORED_*). Read them
--- with `or`.
+-- A job hash may lack a field at its usual value: 'q' (above), 'pr', 'at' and 'f' at 0, 'ma'
+-- and 'to' at these (shard/records.py: UNSTORED_*). Read them with `or`. enqueue.lua leaves
+-- out 'q', 'at' and 'f'; 'pr', 'ma' and 'to' only once no pod of a release that cannot read
+-- a hash without them runs (docs/deploying.md, "Upgrading").
 local UNSTORED_MAX_ATTEMPTS = '5'
 local UNSTORED_TIMEOUT_MS = '300000'
 

@@ -18,11 +18,11 @@
 --   j=3   request_id       (string)          -> 'r' (and the dedupe key's name)
 --   j=4   handler          (string)          -> 'h'
 --   j=5   payload          (bytes)           -> 'p'
---   j=6   priority         (int 0-9)         -> 'pr' (not stored when 0)
+--   j=6   priority         (int 0-9)         -> 'pr'
 --   j=7   run_at_ms        (int, unix ms)    -> 'ra'; '' for none: 'ra' = now + delay_ms
 --   j=8   delay_ms         (int, ms)         used when run_at_ms is '' (0: due now)
---   j=9   max_attempts     (int)             -> 'ma' (not stored when UNSTORED_MAX_ATTEMPTS)
---   j=10  timeout_ms       (int, ms)         -> 'to' (not stored when UNSTORED_TIMEOUT_MS)
+--   j=9   max_attempts     (int)             -> 'ma'
+--   j=10  timeout_ms       (int, ms)         -> 'to'
 --   j=11  digest           (string)          of handler+payload: kept in the dedupe key's value
 --   j=12  queue            (string)          -> 'q' (not stored for 'default')
 --   j=13  limit_defaults   (string)          "<max_pending> <max_pending_bytes> <rate> <burst>":
@@ -156,13 +156,12 @@ for i = FIRST, #ARGV, STRIDE do
       redis.call('SET', dkey, id .. ' ' .. digest, 'PX', window and window * 1000 or ttl)
       local state = 'ready'
       if run_at > now then state = 'scheduled' end
-      -- Fields at their usual value are left out (_lib.lua, UNSTORED_*): a field costs
-      -- memory per job, and the HSET's time grows with its fields.
-      local fields = {'t', tenant, 'r', rid, 'h', handler, 'p', payload, 's', state,
-        'ra', run_at, 'ca', now}
-      put_unless(fields, 'pr', prio, '0')
-      put_unless(fields, 'ma', max_attempts, UNSTORED_MAX_ATTEMPTS)
-      put_unless(fields, 'to', timeout_ms, UNSTORED_TIMEOUT_MS)
+      -- One HSET, without the fields at 0 until a claim ('at', 'f'; _lib.lua, UNSTORED_*):
+      -- a field costs memory per job, and the HSET's time grows with its fields. 'pr', 'ma'
+      -- and 'to' are written even at their usual value: the release before this one reads
+      -- a hash without them as an error, and its pods may run beside this one's.
+      local fields = {'t', tenant, 'r', rid, 'h', handler, 'p', payload, 'pr', prio,
+        's', state, 'ra', run_at, 'ca', now, 'ma', max_attempts, 'to', timeout_ms}
       put_unless(fields, 'q', q, DEFAULT_QUEUE)
       put_unless(fields, 'rb', ARGV[i + 13], '')
       put_unless(fields, 'tc', ARGV[i + 14], '')

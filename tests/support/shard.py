@@ -33,11 +33,10 @@ def job(jid: str = "J1", tenant: str = "acme", **kw: Any) -> NewJob:
 
 def job_hash(jid: str, state: str, tenant: str = "acme", **over: str) -> dict[str, str]:
     """The hash enqueue writes for ``job(jid, tenant)`` at NOW, in ``state``, fields overridden.
-    Without 'pr', 'at', 'f', 'ma' and 'to': enqueue leaves out fields at their usual value
-    (0, 0, 0, 5, 300000)."""
+    Without 'at' and 'f': enqueue leaves them out while they are 0 (before the first claim)."""
     h = {
-        "t": tenant, "r": f"r{jid}", "h": "h", "p": P.decode(), "s": state,
-        "ra": str(NOW), "ca": str(NOW),
+        "t": tenant, "r": f"r{jid}", "h": "h", "p": P.decode(), "pr": "0", "s": state,
+        "ra": str(NOW), "ca": str(NOW), "ma": "5", "to": "300000",
     }  # fmt: skip
     h.update(over)
     return h
