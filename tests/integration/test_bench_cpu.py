@@ -5,6 +5,7 @@ what they burn are asserted (no timing)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import subprocess
 import sys
@@ -28,6 +29,18 @@ def _common() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def _session(code: str) -> Iterator[int]:
+    """A Python process running ``code`` in a session of its own, as the benchmarks start
+    every group of processes; its pid."""
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture
@@ -57,18 +70,12 @@ def test_cpu_is_counted_for_the_group_and_the_redis_that_spent_it(
     redis_proc: RedisProcess, other_redis: RedisProcess
 ) -> None:
     common = _common()
-    # A group of its own session, as the benchmarks start them, that does not burn.
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"],
-                            start_new_session=True)  # fmt: skip
-    try:
-        meter = common.CpuMeter({"idle": [idle.pid]}, [redis_proc.port])
+    with _session("import time; time.sleep(5)") as idle:  # a group that does not burn
+        meter = common.CpuMeter({"idle": [idle]}, [redis_proc.port])
         before = meter.mark()
         _burn_lua(redis_proc.url, 0.3)  # counted: the metered Redis
         _burn_lua(other_redis.url, 0.3)  # not counted: another Redis of the machine
         after = meter.mark()
-    finally:
-        idle.kill()
-        idle.wait()
     per_job = common.cpu_per_job_us(before, after, 1)
     assert per_job["cpu_us_per_job_redis"] >= 0.2e6, per_job
     assert per_job["cpu_us_per_job_redis"] < 0.55e6, per_job  # the other Redis's 0.3 s left out
@@ -80,14 +87,10 @@ def test_cpu_is_counted_for_the_group_and_the_redis_that_spent_it(
 
 def test_a_busy_group_is_counted_while_it_runs() -> None:
     common = _common()
-    busy = subprocess.Popen([sys.executable, "-c", BURN.format(s=5)], start_new_session=True)
-    try:
-        meter = common.CpuMeter({"busy": [busy.pid]})
+    with _session(BURN.format(s=5)) as busy:
+        meter = common.CpuMeter({"busy": [busy]})
         before = meter.mark()
         time.sleep(0.5)  # it burns meanwhile (wall time, nothing asserted about it)
         after = meter.mark()
-    finally:
-        busy.kill()
-        busy.wait()
     per_job = common.cpu_per_job_us(before, after, 1)
     assert per_job["cpu_us_per_job_busy"] >= 0.1e6, per_job
