@@ -4,8 +4,8 @@
 -- KEYS[2]  {prefix}:dead:{tenant}    (ZSET)    the tenant's dead job IDs
 -- ARGV[1]  tenant                    (string)
 -- ARGV[2..] job IDs
--- A requeued job's hash gets 's' = 'ready' (in its queue 'q') and loses 'at' (0 attempts),
--- 'fa' and 'sr';
+-- A requeued job's hash gets 's' = 'ready' (in its queue 'q') and 'at' = 0, and loses 'fa'
+-- and 'sr';
 -- its payload counts in counts:{t} 'bytes' again.
 -- Returns  {requeued, {job IDs that were not dead jobs of this tenant}}
 local tenant = ARGV[1]
@@ -15,8 +15,8 @@ for i = 2, #ARGV do
   local job = k_job(id)
   local j = redis.call('HMGET', job, 's', 'pr', 'q')
   if j[1] and redis.call('ZREM', KEYS[2], id) == 1 then
-    redis.call('HSET', job, 's', 'ready')
-    redis.call('HDEL', job, 'fa', 'sr', 'at') -- no 'at': 0 attempts (_lib.lua, UNSTORED_*)
+    redis.call('HSET', job, 's', 'ready', 'at', 0)
+    redis.call('HDEL', job, 'fa', 'sr')
     push_ready(id, tenant, j[3] or DEFAULT_QUEUE, j[2])
     redis.call('HINCRBY', k_counts(tenant), 'dead', -1)
     redis.call('HINCRBY', k_counts(tenant), 'ready', 1)

@@ -126,7 +126,7 @@ async def test_failures_for_want_of_the_database_are_not_counted_up_to_their_cap
     assert await redis.zrange("sq:dead:acme", 0, -1) == [b"J1"]
     # A requeue gives the job its attempts and its uncounted ones back.
     assert (await shard.requeue_dead("acme", ["J1"]))[0] == 1
-    assert await redis.hmget("sq:job:J1", "at", "sr") == [None, None]  # 'at' absent: 0
+    assert await redis.hmget("sq:job:J1", "at", "sr") == [b"0", None]
 
 
 async def test_a_failure_that_counts_writes_no_outbox_entry_for_its_dead_job(

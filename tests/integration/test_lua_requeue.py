@@ -28,7 +28,7 @@ async def test_requeue_from_dead_resets_attempts_and_makes_the_job_ready(
     assert await dump(redis) == {
         "sq:job:J1": {
             "t": "acme", "r": "rJ1", "h": "h", "p": "{}", "pr": "3", "s": "ready",
-            "ra": str(NOW), "ca": str(NOW), "ma": "2", "to": "300000", "f": "1",
+            "ra": str(NOW), "ca": str(NOW), "at": "0", "ma": "2", "to": "300000", "f": "1",
             "w": "w1", "sa": str(NOW), "e": "boom",
         },
         "sq:fence": "1",

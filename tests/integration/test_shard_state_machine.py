@@ -168,7 +168,7 @@ def check_structures(snap: dict[str, Any]) -> None:
     places = _places(snap)
     assert set(places) <= set(jobs), f"structures hold unknown jobs {set(places) - set(jobs)}"
     for jid, h in jobs.items():
-        state, t, q, prio = h["s"], h["t"], h.get("q", "default"), h["pr"]
+        state, t, q, prio = h["s"], h["t"], h.get("q", "default"), h.get("pr", "0")
         assert h.get("q") != "default", "the default queue is never stored"
         got = dict(places.get(jid, {}))
         want = _expected_places(state, t, q, prio)
@@ -210,7 +210,7 @@ def check_structures(snap: dict[str, Any]) -> None:
         at_cap = cap > 0 and states["active"] >= cap
         assert (t in parked) == at_cap, f"{t}: parked {t in parked}, {states['active']} of {cap}"
     fence = int(snap.get(f"{P}:fence", 0))
-    assert all(int(h["f"]) <= fence for h in jobs.values())
+    assert all(int(h.get("f", 0)) <= fence for h in jobs.values())  # no 'f': never claimed
 
 
 # --- what the model says the keyspace must be -------------------------------------------
@@ -224,11 +224,10 @@ def expected_hash(j: ModelJob) -> dict[str, str]:
     h = {
         "t": j.tenant, "r": j.request_id, "h": j.handler, "p": j.payload.decode(),
         "pr": str(j.priority), "s": j.state, "ra": str(j.run_at), "ca": str(j.created_at),
-        "at": str(j.attempts), "ma": str(j.max_attempts), "to": str(j.timeout_ms),
-        "f": str(j.fence),
+        "ma": str(j.max_attempts), "to": str(j.timeout_ms),
     }  # fmt: skip
-    if j.fence:
-        h |= {"w": j.worker, "sa": str(j.started_at)}
+    if j.fence:  # 'at' and 'f' are written by the first claim (enqueue leaves them out at 0)
+        h |= {"at": str(j.attempts), "f": str(j.fence), "w": j.worker, "sa": str(j.started_at)}
     if j.state in TERMINAL_STATES:
         h["fa"] = str(j.finished_at)
     if j.error:
