@@ -435,8 +435,7 @@ class Cluster:
             kind: [p.popen.pid for p in self.procs if p.name.startswith(prefix)]
             for kind, prefix in kinds.items()
         }
-        ports = [int(_address(url).rsplit(":", 1)[1]) for url in self.redis_urls]
-        return CpuMeter(sessions, ports, postgres=True)
+        return CpuMeter(sessions, self.redis_urls, postgres=True)
 
     def check_alive(self) -> None:
         for proc in self.procs:

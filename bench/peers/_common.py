@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 LINE = 30
 STARTS_ENV = "BENCH_STARTS_FILE"
@@ -111,15 +112,16 @@ def _cmdline(pid: str) -> str:
 
 
 class CpuMeter:
-    """CPU seconds of named process groups, the Redis servers on ``redis_ports`` and (with
-    ``postgres``) every ``postgres`` process of the machine, at each :meth:`mark`."""
+    """CPU seconds of named process groups, the Redis servers of ``redis_urls``
+    (``redis://host:port/db``, told apart by port) and (with ``postgres``) every ``postgres``
+    process of the machine, at each :meth:`mark`."""
 
     def __init__(
-        self, sessions: Mapping[str, Sequence[int]], redis_ports: Sequence[int] = (),
+        self, sessions: Mapping[str, Sequence[int]], redis_urls: Sequence[str] = (),
         postgres: bool = False,
     ) -> None:  # fmt: skip
         self.sessions = {name: {str(s) for s in ids} for name, ids in sessions.items()}
-        self.redis_ports = tuple(f":{port}" for port in redis_ports)
+        self.redis_ports = tuple(f":{urlsplit(url).port}" for url in redis_urls)
         self.postgres = postgres
 
     def _group(self, pid: str, fields: list[str]) -> str | None:

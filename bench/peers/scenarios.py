@@ -72,11 +72,6 @@ def _workers(req: dict[str, Any], peer: Peer) -> Workers:
     return Workers(peer.worker_commands(), env, here, req["workdir"])
 
 
-def _redis_ports(req: dict[str, Any]) -> list[int]:
-    """The port of the peer's Redis (``redis://host:port/db``)."""
-    return [int(req["redis_url"].rsplit(":", 1)[1].split("/", 1)[0])]
-
-
 def _starts(req: dict[str, Any]) -> str:
     return os.path.join(req["workdir"], "starts.log")
 
@@ -189,7 +184,7 @@ def drain(req: dict[str, Any], peer: Peer) -> dict[str, Any]:
     _submit_all(peer, range(n), p["batch_size"])
     launched = time.time()
     with _workers(req, peer) as workers:
-        meter = CpuMeter({"workers": [w.pid for w in workers.procs]}, _redis_ports(req))
+        meter = CpuMeter({"workers": [w.pid for w in workers.procs]}, [req["redis_url"]])
         wait_first_start(_starts(req), workers.check_alive, p["timeout_s"])
         cpu_before = meter.mark()
         _wait_all(req, workers, n, timeout=p["timeout_s"])

@@ -77,7 +77,7 @@ def test_cpu_is_counted_for_the_group_and_the_redis_that_spent_it(
 ) -> None:
     common = _common()
     with _session("import time; time.sleep(30)") as idle:  # a group that does not burn
-        meter = common.CpuMeter({"idle": [idle]}, [redis_proc.port])
+        meter = common.CpuMeter({"idle": [idle]}, [redis_proc.url])
         before = meter.mark()
         metered = _burn_lua(redis_proc.url, 40_000_000)  # counted: the metered Redis
         other = _burn_lua(other_redis.url, 80_000_000)  # not counted: another Redis
