@@ -33,7 +33,7 @@ from shardq.common.ids import new_job_id
 from shardq.common.redis import NotReplicated
 from shardq.shard import cron
 from shardq.shard.backoff import Backoff, job_backoff
-from shardq.shard.codes import ItemCode
+from shardq.shard.codes import ItemCode, item_code
 from shardq.shard.keys import Keys
 from shardq.shard.models import (
     DueTick,
@@ -502,7 +502,7 @@ class ShardClient:
             p = progress.get(lease.job_id)
             args += [lease.job_id, lease.fence, "" if p is None else p.to_arg()]
         codes = await self._run("heartbeat", [self.keys.leases()], args)
-        return [ItemCode(int(c)) for c in codes]
+        return [item_code(c) for c in codes]
 
     async def ack(self, leases: Sequence[Lease]) -> list[ItemCode]:
         """Finish jobs whose results are committed: OK, CANCELLED or STALE_LEASE per lease."""
@@ -513,7 +513,7 @@ class ShardClient:
             [],
             [self._now_arg(), self.settings.retention_ms, *self._lease_args(leases)],
         )
-        return [ItemCode(int(c)) for c in codes]
+        return [item_code(c) for c in codes]
 
     async def release(self, leases: Sequence[Lease], avoid_ms: int = 0) -> list[ItemCode]:
         """Hand jobs back to ready at once, their attempt not counted: OK, CANCELLED (a cancel
@@ -528,7 +528,7 @@ class ShardClient:
             return []
         args = [self._now_arg(), self.settings.retention_ms, avoid_ms]
         codes = await self._run("release", [], args + self._lease_args(leases))
-        return [ItemCode(int(c)) for c in codes]
+        return [item_code(c) for c in codes]
 
     async def fail(self, failures: Sequence[Failure]) -> list[FailResult]:
         """Record failed attempts: retry after backoff, or dead when attempts are used up.
@@ -568,7 +568,7 @@ class ShardClient:
         code, state = await self._run(
             "cancel", [], [tenant, job_id, self._now_arg(), self.settings.retention_ms]
         )
-        code = ItemCode(int(code))
+        code = item_code(code)
         if code is ItemCode.NOT_FOUND:
             raise NotFound(f"no job {job_id}", field="job_id")
         if code is ItemCode.ALREADY_TERMINAL:
@@ -913,7 +913,7 @@ class ShardClient:
             [self.keys.schedules(tenant), self.keys.cron()],
             [tenant, spec.schedule_id, body, tick, max_schedules],
         )
-        if ItemCode(int(code)) is ItemCode.OVER_QUOTA:
+        if item_code(code) is ItemCode.OVER_QUOTA:
             raise ResourceExhausted(
                 f"the tenant has {max_schedules} schedules already",
                 retry_after_ms=0,
@@ -929,7 +929,7 @@ class ShardClient:
             [self.keys.schedules(tenant), self.keys.cron()],
             [tenant, schedule_id],
         )
-        if ItemCode(int(code)) is ItemCode.NOT_FOUND:
+        if item_code(code) is ItemCode.NOT_FOUND:
             raise NotFound(f"no schedule {schedule_id}", field="schedule_id")
 
     async def list_schedules(self, tenant: str) -> list[Schedule]:
@@ -967,7 +967,7 @@ class ShardClient:
             [self.keys.cron()],
             [f"{tick.tenant}/{tick.schedule_id}", tick.tick_ms, next_tick_ms],
         )
-        return ItemCode(int(code))
+        return item_code(code)
 
 
 def _retry_arg(policy: Backoff | None) -> str:

@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from shardq.shard.backoff import Backoff
-from shardq.shard.codes import ItemCode
+from shardq.shard.codes import ItemCode, item_code
 
 #: The queue of a job that names none; a job hash without field ``q`` is in it.
 DEFAULT_QUEUE: Final = "default"
@@ -294,7 +294,7 @@ class EnqueueResult:
         """One entry of ``enqueue.lua``'s reply."""
         code, job_id, state, retry_after_ms, created_at_ms, run_at_ms = row
         return cls(
-            ItemCode(int(code)),
+            item_code(code),
             _text(job_id),
             JobState.parse(state),
             int(retry_after_ms),
@@ -535,4 +535,4 @@ class FailResult:
     @classmethod
     def from_reply(cls, row: Sequence[Any]) -> FailResult:
         code, state = row
-        return cls(ItemCode(int(code)), JobState.parse(state))
+        return cls(item_code(code), JobState.parse(state))

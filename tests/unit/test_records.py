@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shardq.shard.backoff import Backoff
-from shardq.shard.codes import ItemCode
+from shardq.shard.codes import ItemCode, item_code
 from shardq.shard.keys import JOB_FIELDS
 from shardq.shard.records import (
     CLAIM_REPLY,
@@ -304,6 +304,17 @@ def test_claim_lua_answers_the_fields_in_the_order_from_reply_reads_them() -> No
 def test_a_fail_reply_reads_its_state() -> None:
     assert FailResult.from_reply([0, b"dead"]) == FailResult(ItemCode.OK, JobState.DEAD)
     assert FailResult.from_reply([5, b""]).state is JobState.UNKNOWN
+
+
+@pytest.mark.parametrize("raw", [*ItemCode, b"3", "11"])
+def test_a_code_reads_from_its_value_or_its_text(raw: int | bytes | str) -> None:
+    assert item_code(raw) is ItemCode(int(raw))
+
+
+@pytest.mark.parametrize("raw", [-1, len(ItemCode), 99, b"x"])
+def test_a_code_no_script_answers_is_refused(raw: int | bytes) -> None:
+    with pytest.raises(ValueError):
+        item_code(raw)
 
 
 # --- the job's retry policy and progress ------------------------------------------------------
