@@ -8,7 +8,7 @@ the asyncio client differ only in how they send them.
 from __future__ import annotations
 
 import json
-import uuid
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -121,11 +121,22 @@ class JobRequest:
 BatchItem = JobRequest | Mapping[str, Any] | common_pb2.JobSpec
 
 
+#: One encoder for every payload: ``json.dumps`` with a keyword argument builds a new
+#: ``JSONEncoder`` per call, which was most of its time on a small payload.
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_payload(payload: Any) -> bytes:
     """bytes pass through (they must be JSON already); anything else is JSON-encoded."""
     if isinstance(payload, bytes | bytearray):
         return bytes(payload)
-    return json.dumps(payload, separators=(",", ":")).encode()
+    return _JSON.encode(payload).encode()
+
+
+def new_request_id() -> str:
+    """A request_id made by the client: 128 random bits as 32 hex digits (the spelling of
+    ``uuid4().hex``, in a third of its time: the UUID object was most of a ``job_spec``)."""
+    return secrets.token_hex(16)
 
 
 def _ms(value: Duration, name: str) -> int:
@@ -148,7 +159,7 @@ def job_spec(
     """The ``JobSpec`` of a job; its request_id is fixed here (made when not given), before
     any try, so every retry of the call that sends it repeats it."""
     spec = common_pb2.JobSpec(
-        request_id=options.get("request_id") or uuid.uuid4().hex,
+        request_id=options.get("request_id") or new_request_id(),
         handler=handler,
         payload=encode_payload(payload),
     )
@@ -283,5 +294,5 @@ def _with_request_id(spec: common_pb2.JobSpec) -> common_pb2.JobSpec:
         return spec
     named = common_pb2.JobSpec()
     named.CopyFrom(spec)
-    named.request_id = uuid.uuid4().hex
+    named.request_id = new_request_id()
     return named

@@ -1,0 +1,47 @@
+"""What the client puts in a JobSpec by itself: the payload's JSON and a request_id."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardq.client import job_spec
+from shardq.client.requests import encode_payload, new_request_id
+from shardq.common import validation
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(JSON_VALUES)
+def test_a_payload_is_compact_json(value: Any) -> None:
+    assert encode_payload(value) == json.dumps(value, separators=(",", ":")).encode()
+    assert json.loads(encode_payload(value)) == value
+
+
+def test_bytes_pass_through_and_what_json_cannot_encode_is_refused() -> None:
+    assert encode_payload(b'{"a": 1}') == b'{"a": 1}'
+    assert encode_payload(bytearray(b"[]")) == b"[]"
+    with pytest.raises(TypeError):
+        encode_payload({1, 2})
+
+
+def test_a_request_id_the_client_makes_is_32_hex_digits_and_new_each_time() -> None:
+    made = {new_request_id() for _ in range(1_000)}
+    assert len(made) == 1_000
+    for rid in made:
+        assert re.fullmatch(r"[0-9a-f]{32}", rid)
+        assert validation.request_id(rid) == rid
+
+
+def test_a_job_spec_without_a_request_id_gets_one_and_keeps_one_given() -> None:
+    assert re.fullmatch(r"[0-9a-f]{32}", job_spec("h", 1).request_id)
+    assert job_spec("h", 1, request_id="order-7").request_id == "order-7"
