@@ -1,4 +1,5 @@
-"""What the client puts in a JobSpec by itself: the payload's JSON and a request_id."""
+"""What the client puts in a JobSpec by itself (the payload's JSON, a request_id) and how it
+reads a state back."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardq.client import job_spec
+from shardq.client import JobState, job_spec
 from shardq.client.requests import encode_payload, new_request_id
 from shardq.common import validation
 
@@ -45,3 +46,13 @@ def test_a_request_id_the_client_makes_is_32_hex_digits_and_new_each_time() -> N
 def test_a_job_spec_without_a_request_id_gets_one_and_keeps_one_given() -> None:
     assert re.fullmatch(r"[0-9a-f]{32}", job_spec("h", 1).request_id)
     assert job_spec("h", 1, request_id="order-7").request_id == "order-7"
+
+
+@pytest.mark.parametrize("state", list(JobState))
+def test_every_state_reads_from_its_number(state: JobState) -> None:
+    assert JobState.from_proto(int(state)) is state
+
+
+@pytest.mark.parametrize("number", [7, 99, -1])
+def test_a_state_newer_than_the_client_reads_as_unspecified(number: int) -> None:
+    assert JobState.from_proto(number) is JobState.UNSPECIFIED
