@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -181,9 +181,9 @@ class PlacedJob:
     record: JobRecord
 
 
-@dataclass(frozen=True, slots=True)
-class Submitted:
-    """One job of a submit: what was sent to the shard, its answer, and the shard."""
+class Submitted(NamedTuple):
+    """One job of a submit: what was sent to the shard, its answer, and the shard (a
+    NamedTuple, as the two it holds: one per submitted job)."""
 
     job: PreparedJob
     result: EnqueueResult

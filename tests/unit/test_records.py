@@ -193,12 +193,12 @@ def test_to_argv_writes_every_field_in_the_declared_order() -> None:
     by_name = dict(zip(ENQUEUE_ARGV, argv, strict=True))
     assert by_name["limit_defaults"] == "1000 4096 2.5 10"  # as enqueue.lua splits it
     assert PreparedJob(**by_name) == PREPARED
-    assert by_name == dataclasses.asdict(PREPARED)
+    assert by_name == PREPARED._asdict()
 
 
 def test_a_job_without_a_run_at_sends_an_empty_one_and_its_delay() -> None:
     # enqueue.lua reads '' as "none": run-at = the shard's now + delay_ms.
-    delayed = dataclasses.replace(PREPARED, run_at_ms=None, delay_ms=5_000)
+    delayed = PREPARED._replace(run_at_ms=None, delay_ms=5_000)
     by_name = dict(zip(ENQUEUE_ARGV, delayed.to_argv(), strict=True))
     assert (by_name["run_at_ms"], by_name["delay_ms"]) == ("", 5_000)
 
@@ -241,7 +241,7 @@ def test_a_record_of_a_new_job_is_what_enqueue_lua_writes() -> None:
     assert JobRecord.of_new(PREPARED, result) == JobRecord.from_hash("J1", written)
     # A job of the default queue has no 'q' field; one without a retry policy no 'rb', one
     # submitted untraced no 'tc'.
-    default = dataclasses.replace(PREPARED, queue="default", retry="", trace_context="")
+    default = PREPARED._replace(queue="default", retry="", trace_context="")
     without_q = {k: v for k, v in written.items() if k not in (b"q", b"rb", b"tc")}
     assert JobRecord.of_new(default, result) == JobRecord.from_hash("J1", without_q)
 
