@@ -66,3 +66,13 @@ def test_without_a_time_the_wall_clock_is_used() -> None:
     jid = new_job_id()
     after = time.time_ns() // 1_000_000
     assert new_job_id(before)[:10] <= jid[:10] <= new_job_id(after)[:10]
+
+
+def test_each_id_carries_its_own_millisecond_when_calls_alternate_between_two() -> None:
+    # The timestamp's digits are kept for the last ms: a stale copy would show here.
+    alphabet = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    for t in [5, 5, 6, 5, 6, 6, 2**48 - 1, 5]:
+        value = 0
+        for ch in new_job_id(t):
+            value = value * 32 + alphabet.index(ch)
+        assert value >> 80 == t

@@ -10,10 +10,20 @@ _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 #: Every 10-bit value as its two digits: 13 lookups make an ID, not 26 (a submit of 100 jobs
 #: makes 100 IDs, and the digit loop was a tenth of the coordinator's work per job).
 _PAIRS = [a + b for a in _ALPHABET for b in _ALPHABET]
-_SHIFTS = range(120, -1, -10)
+#: The first 10 digits are the 48-bit timestamp alone (bits 129-80 of the 26 digits' 130),
+#: the last 16 the 80 random bits alone.
+_TIME_SHIFTS = range(40, -1, -10)
+_RANDOM_SHIFTS = range(70, -1, -10)
+#: The timestamp's digits, for the last ms an ID was made in (the IDs of one batch share
+#: them), as one tuple in a one-slot list: read and replaced whole, whatever thread calls.
+_last_time: list[tuple[int, str]] = [(-1, "")]
 
 
 def new_job_id(now_ms: int | None = None) -> str:
-    ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(os.urandom(10), "big")
-    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _SHIFTS])
+    ms = (time.time_ns() // 1_000_000 if now_ms is None else now_ms) & ((1 << 48) - 1)
+    last_ms, prefix = _last_time[0]
+    if ms != last_ms:
+        prefix = "".join([_PAIRS[(ms >> shift) & 1023] for shift in _TIME_SHIFTS])
+        _last_time[0] = (ms, prefix)
+    rand = int.from_bytes(os.urandom(10), "big")
+    return prefix + "".join([_PAIRS[(rand >> shift) & 1023] for shift in _RANDOM_SHIFTS])
