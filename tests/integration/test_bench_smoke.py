@@ -79,3 +79,38 @@ def test_the_move_lateness_benchmark_runs_with_its_control_tenant() -> None:
     (move,) = run["moves"]
     assert move["tenant"] == "move-0" and move["move_s"] > 0
     assert set(move) >= {"lateness", "control_lateness", "longest_due_wait_ms"}
+
+
+@pytest.mark.timeout(120)
+def test_the_submit_stages_benchmark_times_every_stage(tmp_path: Path) -> None:
+    """``bench/submit_stages.py`` with one round: a figure per stage of the coordinator's
+    per-job work and the client's ``job_spec`` (that they exist, not what they are)."""
+    out = tmp_path / "stages.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "submit_stages.py"), "--rounds", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=100, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())["results"]
+    stages = ["new_job", "prepare", "to_argv", "pack", "from_reply", "submitted", "answer"]
+    assert list(results) == [*stages, "coordinator_total", "client_job_spec"]
+    assert all(results[name] > 0 for name in results)
+
+
+@pytest.mark.timeout(120)
+def test_the_grpc_floor_benchmark_reports_each_server_shape(tmp_path: Path) -> None:
+    """``bench/grpc_floor.py`` at its smallest: a server CPU figure and a rate for each of the
+    four shapes of server (unary or request-streaming, with 0 or 2 interceptors)."""
+    out = tmp_path / "floor.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "grpc_floor.py"), "--calls", "200", "--in-flight", "8",
+         "--rounds", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=100, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {
+        f"{kind}/{n}_interceptors" for kind in ("unary", "request_streaming") for n in (0, 2)
+    }
+    for figures in results.values():
+        assert figures["calls_per_s"] > 0 and figures["server_cpu_us_per_call"] >= 0
