@@ -25,7 +25,7 @@ import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -94,24 +94,49 @@ def commit_of_shardq() -> str:
     return done.stdout.strip()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--jobs", type=int, default=50_000, help="jobs per round and shape")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds per shape (median kept)")
+def parse_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """``ap``'s arguments plus ``--out`` and ``--shardq-python``, parsed; with
+    ``--shardq-python``, the script runs again under that Python instead (:func:`run_with`)."""
     ap.add_argument("--out", type=Path, default=None, help="JSON file to write")
     ap.add_argument("--shardq-python", default="", help="measure with this Python's shardq")
     a = ap.parse_args()
     if a.shardq_python:
-        argv = [a.shardq_python, __file__, "--jobs", str(a.jobs), "--rounds", str(a.rounds)]
-        if a.out:
-            argv += ["--out", str(a.out)]
-        sys.exit(subprocess.run(argv, check=False).returncode)
-    report: dict[str, Any] = {
-        "schema": "shardq-enqueue-calls/1",
-        "command": " ".join(["python", "bench/enqueue_calls.py", *sys.argv[1:]]),
+        run_with(a.shardq_python)
+    return a
+
+
+def run_with(shardq_python: str) -> NoReturn:
+    """Run this script again, with the same arguments but ``--shardq-python``, under
+    ``shardq_python`` (another checkout's venv, so its shardq is measured); exit as it does."""
+    argv, rest = sys.argv[1:], []
+    while argv:
+        arg = argv.pop(0)
+        if arg == "--shardq-python":
+            argv.pop(0)
+        elif not arg.startswith("--shardq-python="):
+            rest.append(arg)
+    sys.exit(subprocess.run([shardq_python, sys.argv[0], *rest], check=False).returncode)
+
+
+def report_head(schema: str, script: str) -> dict[str, Any]:
+    """What every report of a ``--shardq-python`` measure starts with: its schema, the
+    command, when, the commit of the shardq measured, and the machine."""
+    return {
+        "schema": schema,
+        "command": " ".join(["python", script, *sys.argv[1:]]),
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": commit_of_shardq(),
         "machine": machine(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--jobs", type=int, default=50_000, help="jobs per round and shape")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per shape (median kept)")
+    a = parse_args(ap)
+    report: dict[str, Any] = {
+        **report_head("shardq-enqueue-calls/1", "bench/enqueue_calls.py"),
         "params": {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH},
         "results": measure(a.jobs, a.rounds),
     }

@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import timeit
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from enqueue_calls import commit_of_shardq  # noqa: E402
-from op_costs import machine  # noqa: E402
+from enqueue_calls import parse_args, report_head  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
 
 from shardq.client import job_spec  # noqa: E402
@@ -119,20 +116,9 @@ def measure(rounds: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="rounds per stage (best kept)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON file to write")
-    ap.add_argument("--shardq-python", default="", help="measure with this Python's shardq")
-    a = ap.parse_args()
-    if a.shardq_python:
-        argv = [a.shardq_python, __file__, "--rounds", str(a.rounds)]
-        if a.out:
-            argv += ["--out", str(a.out)]
-        sys.exit(subprocess.run(argv, check=False).returncode)
+    a = parse_args(ap)
     report: dict[str, Any] = {
-        "schema": "shardq-submit-stages/1",
-        "command": " ".join(["python", "bench/submit_stages.py", *sys.argv[1:]]),
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit_of_shardq(),
-        "machine": machine(),
+        **report_head("shardq-submit-stages/1", "bench/submit_stages.py"),
         "params": {"batch": BATCH, "calls_per_round": CALLS, "rounds": a.rounds},
         "unit": "µs per job, best round",
         "results": measure(a.rounds),
