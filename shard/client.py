@@ -52,6 +52,7 @@ from shardq.shard.models import (
 )
 from shardq.shard.records import (
     DEFAULT_QUEUE,
+    JOB_FORMAT,
     ClaimedJob,
     DedupeEntry,
     EnqueueResult,
@@ -968,6 +969,15 @@ class ShardClient:
             [f"{tick.tenant}/{tick.schedule_id}", tick.tick_ms, next_tick_ms],
         )
         return item_code(code)
+
+    # --- upgrades -------------------------------------------------------------------------
+
+    async def raise_job_format(self, job_format: int = JOB_FORMAT) -> tuple[int, int]:
+        """Raise the job-hash format this shard's ``enqueue.lua`` writes to ``job_format``
+        (never lower it; 0 only reads it): ``shardq shards finalize``, once no pod of an older
+        release runs. Returns the format before and after."""
+        before, after = await self._run("job_format", [], [job_format])
+        return int(before), int(after)
 
 
 def _retry_arg(policy: Backoff | None) -> str:

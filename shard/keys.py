@@ -211,6 +211,13 @@ class Keys:
         """
         return f"{self.prefix}:mapfence"
 
+    def job_format(self) -> str:
+        """STRING (integer): the job-hash format ``enqueue.lua`` writes on this shard
+        (:data:`shard.records.JOB_FORMAT`); absent: 1. Raised only by ``shardq shards
+        finalize``, once every pod runs a release that reads the higher format (and never
+        lowered): 2 leaves ``pr``, ``ma`` and ``to`` out of a job hash at their usual value."""
+        return f"{self.prefix}:jobformat"
+
     def identity(self) -> str:
         """STRING: the ID of the shard this Redis holds the data of, written when the shard
         map first names this address (``coordinator/shardcheck.py``): a re-pointed address

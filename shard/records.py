@@ -28,12 +28,16 @@ from shardq.shard.codes import ItemCode, item_code
 DEFAULT_QUEUE: Final = "default"
 #: The max attempts and the timeout (ms) of a job hash without field ``ma`` or ``to``: the
 #: values most jobs have (``ShardSettings``' defaults). Every reader takes a missing ``pr``,
-#: ``at``, ``f``, ``ma`` or ``to`` as its usual value (0, 0, 0, these), so that a later release
-#: can leave them out as ``q`` above is: 248 -> 216 bytes of hash per job in the ``scale``
-#: benchmark. This one leaves out ``at`` and ``f`` only: the release before it cannot read a
-#: hash without ``pr``, ``ma`` or ``to``, and both may run side by side while pods roll.
+#: ``at``, ``f``, ``ma`` or ``to`` as its usual value (0, 0, 0, these). ``enqueue.lua`` leaves
+#: out ``at`` and ``f`` always, and ``pr``, ``ma`` and ``to`` at :data:`JOB_FORMAT` 2 (248 ->
+#: 216 bytes of hash per job in the ``scale`` benchmark).
 UNSTORED_MAX_ATTEMPTS: Final = 5
 UNSTORED_TIMEOUT_MS: Final = 300_000
+#: The job-hash format this release writes once a shard's is raised to it (``Keys.job_format``,
+#: ``shardq shards finalize``): 2, fields at their usual value left out. Until then a shard
+#: writes format 1, every field, which releases before the one that read format 2 (``e23b590``)
+#: need: they may run beside this one while pods roll.
+JOB_FORMAT: Final = 2
 
 
 class JobState(StrEnum):

@@ -32,6 +32,7 @@ SCRIPT_NAMES = (
     "leader",
     "leader_release",
     "map_fence",
+    "job_format",
     "move_out",
     "move_in",
     "move_drop",

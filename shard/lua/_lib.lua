@@ -30,6 +30,7 @@ local function k_promoter_wake() return base .. 'promoter_wake' end
 local function k_schedules(t) return base .. 'schedules:' .. t end
 local function k_cron() return base .. 'cron' end
 local function k_map_fence() return base .. 'mapfence' end
+local function k_job_format() return base .. 'jobformat' end
 local function k_moving(t) return base .. 'moving:' .. t end
 local function k_moving_schedules(t) return base .. 'movingsched:' .. t end
 local function k_moved_counts(t) return base .. 'movedcounts:' .. t end
@@ -47,10 +48,12 @@ local function k_old_scheduled() return base .. 'scheduled' end
 local DEFAULT_QUEUE = 'default'
 -- A job hash may lack a field at its usual value: 'q' (above), 'pr', 'at' and 'f' at 0, 'ma'
 -- and 'to' at these (shard/records.py: UNSTORED_*). Read them with `or`. enqueue.lua leaves
--- out 'q', 'at' and 'f'; 'pr', 'ma' and 'to' only once no pod of a release that cannot read
--- a hash without them runs (docs/deploying.md, "Upgrading").
+-- out 'q', 'at' and 'f'; 'pr', 'ma' and 'to' only on a shard whose job format (k_job_format,
+-- raised by `shardq shards finalize` once no pod of an older release runs) is at least
+-- COMPACT_FORMAT (docs/deploying.md, "Upgrading").
 local UNSTORED_MAX_ATTEMPTS = '5'
 local UNSTORED_TIMEOUT_MS = '300000'
+local COMPACT_FORMAT = 2
 
 -- Most wake-up tokens kept for idle workers of a queue; more would only cause empty claims.
 local WAKE_CAP = 64

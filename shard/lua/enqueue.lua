@@ -3,8 +3,8 @@
 -- atomically with the write, so a refused job writes nothing.
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, tprio, tqueues, qring,
 --                                              inring, due, tscheduled, dedupe, counts,
---                                              limits, bucket, tenants, mapfence, wake,
---                                              promoter_wake keys
+--                                              limits, bucket, tenants, mapfence,
+--                                              jobformat, wake, promoter_wake keys
 -- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
 --                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  dedupe_ttl_ms             (int)     how long a request_id stays deduplicated, for
@@ -18,11 +18,11 @@
 --   j=3   request_id       (string)          -> 'r' (and the dedupe key's name)
 --   j=4   handler          (string)          -> 'h'
 --   j=5   payload          (bytes)           -> 'p'
---   j=6   priority         (int 0-9)         -> 'pr'
+--   j=6   priority         (int 0-9)         -> 'pr' (*)
 --   j=7   run_at_ms        (int, unix ms)    -> 'ra'; '' for none: 'ra' = now + delay_ms
 --   j=8   delay_ms         (int, ms)         used when run_at_ms is '' (0: due now)
---   j=9   max_attempts     (int)             -> 'ma'
---   j=10  timeout_ms       (int, ms)         -> 'to'
+--   j=9   max_attempts     (int)             -> 'ma' (*)
+--   j=10  timeout_ms       (int, ms)         -> 'to' (*)
 --   j=11  digest           (string)          of handler+payload: kept in the dedupe key's value
 --   j=12  queue            (string)          -> 'q' (not stored for 'default')
 --   j=13  limit_defaults   (string)          "<max_pending> <max_pending_bytes> <rate> <burst>":
@@ -36,6 +36,8 @@
 --          own retry policy (fail.lua); '' for none, and then nothing is stored
 --   j=15  trace_context    (string)          -> 'tc': the submitter's W3C trace context
 --          (shardq.common.tracing); '' for none, and then nothing is stored
+--   (*) not stored at its usual value (0, 5, 300000) once the shard's job format
+--       (jobformat, job_format.lua) is COMPACT_FORMAT or more
 -- Returns  one {code, job_id, state, retry_after_ms, created_at_ms, run_at_ms} per job, in
 --          order (EnqueueResult); job_id is the hash's key, state its 's' ('' when there is no
 --          job), created_at_ms and run_at_ms its 'ca' and 'ra' when this call made it (OK),
@@ -53,13 +55,17 @@ local STRIDE = 15
 local FIRST = 4
 local out = {}
 
+-- The shard's map fence and job format, in one read.
+local shard_state = redis.call('MGET', k_map_fence(), k_job_format())
 if map_version > 0 then
-  local needed = tonumber(redis.call('GET', k_map_fence()) or '0')
+  local needed = tonumber(shard_state[1] or '0')
   if map_version < needed then
     for _ = FIRST, #ARGV, STRIDE do out[#out + 1] = {STALE_MAP, '', '', needed, 0, 0} end
     return out
   end
 end
+-- Leave 'pr', 'ma' and 'to' out at their usual values: only once every pod reads that.
+local compact = tonumber(shard_state[2] or '1') >= COMPACT_FORMAT
 
 -- limits:{t} per tenant of the batch, read once: {max_pending, max_pending_bytes, rate, burst,
 -- dedupe (s)}.
@@ -158,10 +164,19 @@ for i = FIRST, #ARGV, STRIDE do
       if run_at > now then state = 'scheduled' end
       -- One HSET, without the fields at 0 until a claim ('at', 'f'; _lib.lua, UNSTORED_*):
       -- a field costs memory per job, and the HSET's time grows with its fields. 'pr', 'ma'
-      -- and 'to' are written even at their usual value: the release before this one reads
-      -- a hash without them as an error, and its pods may run beside this one's.
-      local fields = {'t', tenant, 'r', rid, 'h', handler, 'p', payload, 'pr', prio,
-        's', state, 'ra', run_at, 'ca', now, 'ma', max_attempts, 'to', timeout_ms}
+      -- and 'to' are written even at their usual value below the compact format: releases
+      -- before e23b590 read a hash without them as an error, and may run beside this one.
+      local fields = {'t', tenant, 'r', rid, 'h', handler, 'p', payload, 's', state,
+        'ra', run_at, 'ca', now}
+      if compact then
+        put_unless(fields, 'pr', prio, '0')
+        put_unless(fields, 'ma', max_attempts, UNSTORED_MAX_ATTEMPTS)
+        put_unless(fields, 'to', timeout_ms, UNSTORED_TIMEOUT_MS)
+      else
+        fields[#fields + 1], fields[#fields + 2] = 'pr', prio
+        fields[#fields + 1], fields[#fields + 2] = 'ma', max_attempts
+        fields[#fields + 1], fields[#fields + 2] = 'to', timeout_ms
+      end
       put_unless(fields, 'q', q, DEFAULT_QUEUE)
       put_unless(fields, 'rb', ARGV[i + 13], '')
       put_unless(fields, 'tc', ARGV[i + 14], '')

@@ -1,9 +1,9 @@
 """A job hash without the fields at their usual value (``pr``, ``ma``, ``to``; ``shard/records.py``,
-``UNSTORED_*``), as a later release will write it, goes through every script as if it had them:
-promote, claim, release, fail to the dead set, requeue, and reap, each to the same state and
-lists as a job that stores them. (This release leaves out only ``at`` and ``f``: the scripts
-of the release before it cannot read a hash without the others, and pods of both may run
-side by side while they roll.)"""
+``UNSTORED_*``), as ``enqueue.lua`` writes it on a shard at job format 2 (``shardq shards
+finalize``, ``tests/integration/test_job_format.py``), goes through every script as if it had
+them: promote, claim, release, fail to the dead set, requeue, and reap, each to the same state
+and lists as a job that stores them. The fields are taken out by hand here, so that the walk
+does not depend on the format's switch."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ PREFIX = "sq"
 PASSWORDS = {"worker": "pw-w", "loop": "pw-l", "coordinator": "pw-c", "admin": "pw-a"}
 # The shardq of this interpreter (a fresh machine has no venv on PATH).
 SHARDQ = str(Path(sys.executable).parent / "shardq")
-#: How Redis refuses a command (NOPERM) or a script's key (its own words) to a user.
-REFUSED = "(?i)NOPERM|no permissions|can't access"
+#: How Redis refuses a command (NOPERM) or a script's key or command (its own words) to a user.
+REFUSED = "(?i)NOPERM|no permissions|can't access|can't run this command"
 
 
 def make_users(database_url: str, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,12 @@ from importlib import resources
 import pytest
 
 from shardq.shard.keys import JOB_FIELDS, STATES, TERMINAL_STATES, Keys
-from shardq.shard.records import DEFAULT_QUEUE, UNSTORED_MAX_ATTEMPTS, UNSTORED_TIMEOUT_MS
+from shardq.shard.records import (
+    DEFAULT_QUEUE,
+    JOB_FORMAT,
+    UNSTORED_MAX_ATTEMPTS,
+    UNSTORED_TIMEOUT_MS,
+)
 from shardq.shard.scripts import SCRIPT_NAMES
 
 #: Lua builder name (``k_<name>`` in _lib.lua) -> the Keys method that spells the same key.
@@ -41,6 +46,7 @@ LUA_TO_PYTHON = {
     "schedules": "schedules",
     "cron": "cron",
     "map_fence": "map_fence",
+    "job_format": "job_format",
     "moving": "moving",
     "moving_schedules": "moving_schedules",
     "moved_counts": "moved_counts",
@@ -170,3 +176,8 @@ def test_lua_reads_a_missing_job_field_as_python_does() -> None:
     assert lua["DEFAULT_QUEUE"] == DEFAULT_QUEUE
     assert lua["UNSTORED_MAX_ATTEMPTS"] == str(UNSTORED_MAX_ATTEMPTS)
     assert lua["UNSTORED_TIMEOUT_MS"] == str(UNSTORED_TIMEOUT_MS)
+
+
+def test_lua_leaves_the_usual_values_out_at_the_format_python_raises_a_shard_to() -> None:
+    compact = re.search(r"^local COMPACT_FORMAT = (\d+)$", LIB, re.MULTILINE)
+    assert compact is not None and int(compact.group(1)) == JOB_FORMAT

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import AsyncIterator
 
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shardq.common import config
@@ -27,6 +29,8 @@ from shardq.coordinator.cli.terminal import plural, print_json
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.shardmap import MapNotInitialized, ShardMapStore
 from shardq.shard import acl
+from shardq.shard.client import ShardClient
+from shardq.shard.models import ShardSettings
 
 commands = Commands("database", groups={"shards": "the shard map: shards, weights, slots and pins"})
 
@@ -264,20 +268,48 @@ async def shards_acl(args: argparse.Namespace) -> int:
             "could change the shards' users again"
         )
     made = acl.users(args.key_prefix, passwords)
+    async for shard_id, address, redis in _each_shard(args):
+        try:
+            how = await acl.apply(redis, made, args.disable_default)
+        except RedisError as exc:
+            raise CommandError(f"shard {shard_id} ({address}): {exc}") from None
+        names = ", ".join(u.name for u in made)
+        off = "; default user off" if args.disable_default else ""
+        print(f"shard {shard_id} ({address}): {names}{off}; {how}")
+    return 0
+
+
+@commands.add(
+    "shards",
+    "finalize",
+    help="after an upgrade, once every pod runs this release: let each shard of the map write "
+    "job hashes without their fields at their usual values, which only releases since e23b590 "
+    "(2026-12-05) read (docs/deploying.md, Upgrading). Idempotent; roll back to no older "
+    "release afterwards",
+    args=(config.add_redis_password, config.add_key_prefix),
+)
+async def shards_finalize(args: argparse.Namespace) -> int:
+    settings = ShardSettings(key_prefix=args.key_prefix)
+    async for shard_id, address, redis in _each_shard(args):
+        try:
+            before, after = await ShardClient(redis, settings).raise_job_format()
+        except RedisError as exc:
+            raise CommandError(f"shard {shard_id} ({address}): {exc}") from None
+        done = f"{before} -> {after}" if after != before else f"{after} already"
+        print(f"shard {shard_id} ({address}): job format {done}")
+    return 0
+
+
+async def _each_shard(args: argparse.Namespace) -> AsyncIterator[tuple[int, str, Redis]]:
+    """Every shard of the map, in ID order, with a connection to its Redis (closed after)."""
     async with engine_for(args) as engine:
         smap = await ShardMapStore(engine).load()
     for shard_id, info in sorted(smap.shards.items()):
         redis = redis_for(info.address, args.redis_password, args.redis_username)
         try:
-            how = await acl.apply(redis, made, args.disable_default)
-        except RedisError as exc:
-            raise CommandError(f"shard {shard_id} ({info.address}): {exc}") from None
+            yield shard_id, info.address, redis
         finally:
             await redis.aclose()
-        names = ", ".join(u.name for u in made)
-        off = "; default user off" if args.disable_default else ""
-        print(f"shard {shard_id} ({info.address}): {names}{off}; {how}")
-    return 0
 
 
 @commands.add(

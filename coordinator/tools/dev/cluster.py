@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from redis.asyncio import Redis
+
 from shardq.client import AsyncClient, RetryPolicy
 from shardq.common import config
 from shardq.coordinator.tools.data_dir import ENV_FILE, Tokens, tokens_path
@@ -31,6 +33,8 @@ from shardq.coordinator.tools.dev.processes import (
     wait_or_kill,
 )
 from shardq.coordinator.tools.redis_server import RedisProcess, free_port
+from shardq.shard.client import ShardClient
+from shardq.shard.models import ShardSettings
 
 #: The embedded Postgres's port, kept in the data dir from one start to the next.
 POSTGRES_PORT_FILE = "postgres.port"
@@ -165,6 +169,15 @@ class DevCluster:
             tokens_path(self.data_dir),
             "the data dir" if self.postgres else self.database_url,
         )
+        # Every process of a local cluster runs this release: its shards may write what only
+        # releases since this one read, as a first install does (docs/deploying.md, Upgrading).
+        settings = ShardSettings(key_prefix=self.args.key_prefix)
+        for r in self.redis:
+            redis = Redis.from_url(r.url)
+            try:
+                await ShardClient(redis, settings).raise_job_format()
+            finally:
+                await redis.aclose()
 
     def _common_env(self) -> dict[str, object]:
         return {
