@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE))
 from op_costs import machine  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
 from services import RedisServer  # noqa: E402
+from shardq_bench import first_installed  # noqa: E402
 
 import shardq.shard.client  # noqa: E402
 from shardq.shard.client import ShardClient  # noqa: E402
@@ -47,6 +48,7 @@ async def one_round(url: str, jobs: int, tenants_per_batch: int, delayed: bool) 
     client = ShardClient(redis)
     try:
         await redis.flushall()
+        await first_installed(url)
         await client.enqueue([NewJob("warm", "noop", b"0", "warm")])  # loads the script
         await redis.config_resetstat()
         run_at = client.clock.now_ms() + 3_600_000 if delayed else None

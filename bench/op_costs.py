@@ -62,7 +62,14 @@ import psycopg  # noqa: E402
 from coordinator_processes import _cpu_s  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
 from services import PostgresServer, RedisServer  # noqa: E402
-from shardq_bench import NOOP, Cluster, ShiftedClock, _lease, _submit_batches  # noqa: E402
+from shardq_bench import (  # noqa: E402
+    NOOP,
+    Cluster,
+    ShiftedClock,
+    _lease,
+    _submit_batches,
+    first_installed,
+)
 
 from shardq.coordinator.processes import children_of  # noqa: E402
 from shardq.coordinator.retention import RetentionPurger  # noqa: E402
@@ -282,12 +289,14 @@ async def memory(server: RedisServer, args: argparse.Namespace) -> Costs:
     k = shard.keys
     try:
         await redis.flushall()
+        await first_installed(server.url)
         m0 = await used(redis)
         later = jobs_of("m-s", n, tenants, run_at_ms=shard.clock.now_ms() + 3_600_000)
         for lo in range(0, n, 500):
             await shard.enqueue(later[lo : lo + 500])
         scheduled = (await used(redis) - m0) / n
         await redis.flushall()
+        await first_installed(server.url)
         m0 = await used(redis)
         jobs = jobs_of("m", n, tenants)
         for lo in range(0, n, 500):

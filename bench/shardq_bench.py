@@ -240,6 +240,19 @@ def _healthz(port: int) -> dict[str, Any] | None:
         return None
 
 
+async def first_installed(url: str) -> None:
+    """The shard at ``url`` with the job format a first install gives it (the chart's
+    ``finalize`` hook), when the shardq measured has one: ``--shardq-python`` may run an
+    older checkout's."""
+    redis = Redis.from_url(url)
+    try:
+        raise_format = getattr(ShardClient(redis), "raise_job_format", None)
+        if raise_format is not None:
+            await raise_format()
+    finally:
+        await redis.aclose()
+
+
 def _address(url: str) -> str:
     """host:port of a redis:// URL (the shard map stores addresses)."""
     rest = url.split("://", 1)[1].split("/", 1)[0]
@@ -326,6 +339,8 @@ class Cluster:
             futures = [pool.submit(shard_map), *(pool.submit(token, t) for t in self.tenants)]
             for future in futures:
                 future.result()
+        for url in self.redis_urls:
+            asyncio.run(first_installed(url))
 
     # -- processes --------------------------------------------------------------------------
 
@@ -907,6 +922,7 @@ def scale(req: dict[str, Any]) -> dict[str, Any]:
     count = req["params"]["scheduled"]
     url = req["redis_urls"][0]
     probe_n = 10_000 if not req.get("quick") else 500
+    asyncio.run(first_installed(url))
     # The probe is run twice on each shard state: the first pass warms Redis' script cache
     # and the client's connection; the second is reported.
     asyncio.run(_probe(url, probe_n, "bench-probe"))
