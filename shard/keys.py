@@ -213,9 +213,10 @@ class Keys:
 
     def job_format(self) -> str:
         """STRING (integer): the job-hash format ``enqueue.lua`` writes on this shard
-        (:data:`shard.records.JOB_FORMAT`); absent: 1. Raised only by ``shardq shards
-        finalize``, once every pod runs a release that reads the higher format (and never
-        lowered): 2 leaves ``pr``, ``ma`` and ``to`` out of a job hash at their usual value."""
+        (:data:`shard.records.JOB_FORMAT`); absent: 1. Raised, never lowered, by ``shardq
+        shards finalize`` once every pod runs a release that reads the higher format (a first
+        install's hook, the operator after an upgrade) and by ``shardq dev``: 2 leaves ``pr``,
+        ``ma`` and ``to`` out of a job hash at their usual value."""
         return f"{self.prefix}:jobformat"
 
     def identity(self) -> str:
