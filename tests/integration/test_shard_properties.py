@@ -314,6 +314,9 @@ class _OneCallPerScript:
         await seed_previous_layout(self.shard.redis, {("old", 3): ["O1", "O2"]}, {"old": 2})
         assert await self.shard.upgrade_layout() == 2
 
+    async def job_format(self) -> None:
+        assert await self.shard.raise_job_format() == (1, 2)
+
     async def rows_written(self) -> None:  # J3's cancelled row: Redis agrees already
         assert await self.shard.rows_written([("J3", None, "cancelled")]) == [False]
 
@@ -323,7 +326,8 @@ ORDER = [
     "promote", "cancel", "reap", "release", "schedule_upsert", "schedule_advance",
     "schedule_delete", "leader", "leader_release",
     "map_fence", "move_schedules_out", "move_in", "move_out", "move_drop", "move_finish",
-    "move_counters", "set_limits", "pause", "resume", "upgrade_layout", "rows_written",
+    "move_counters", "set_limits", "pause", "resume", "upgrade_layout", "job_format",
+    "rows_written",
 ]  # fmt: skip
 
 
