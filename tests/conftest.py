@@ -52,14 +52,24 @@ class _NoOldNames(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _NoOldNames())
 
 
-@pytest.fixture
-def redis_proc() -> Iterator[RedisProcess]:
-    """A fresh redis-server on a free port, removed after the test: no test sees another's keys."""
+def _fresh_redis() -> Iterator[RedisProcess]:
     proc = RedisProcess().start()
     try:
         yield proc
     finally:
         proc.cleanup()
+
+
+@pytest.fixture
+def redis_proc() -> Iterator[RedisProcess]:
+    """A fresh redis-server on a free port, removed after the test: no test sees another's keys."""
+    yield from _fresh_redis()
+
+
+@pytest.fixture
+def other_redis() -> Iterator[RedisProcess]:
+    """A second fresh redis-server, beside ``redis_proc`` (two shards, or a Redis not metered)."""
+    yield from _fresh_redis()
 
 
 @pytest.fixture

@@ -43,15 +43,6 @@ def _session(code: str) -> Iterator[int]:
         proc.wait()
 
 
-@pytest.fixture
-def other_redis() -> Iterator[RedisProcess]:
-    proc = RedisProcess().start()
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
 def _burn_lua(url: str, loops: int) -> float:
     """Keep a Redis server busy in a script of ``loops`` steps; the server's CPU seconds it
     took, by its own count (``INFO cpu``). No clock in the script: Valkey's TIME stands still

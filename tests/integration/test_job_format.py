@@ -5,8 +5,6 @@ and a job written either way claims with the same values."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis as redis_lib
 from redis.asyncio import Redis
@@ -52,23 +50,14 @@ async def test_the_format_is_raised_once_and_never_lowered(shard: ShardClient) -
     assert await shard.raise_job_format(1) == (2, 2)
 
 
-@pytest.fixture
-def second_redis() -> Iterator[RedisProcess]:
-    proc = RedisProcess().start()
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
 def test_shards_finalize_raises_every_shard_of_the_map_once(
     database_url: str,
     redis_proc: RedisProcess,
-    second_redis: RedisProcess,
+    other_redis: RedisProcess,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     url = db.psycopg_dsn(database_url)
-    addresses = [f"127.0.0.1:{p.port}" for p in (redis_proc, second_redis)]
+    addresses = [f"127.0.0.1:{p.port}" for p in (redis_proc, other_redis)]
     common = ["--database-url", url, "--key-prefix", "sq"]
     assert cli.main(["migrate", "--database-url", url]) == 0
     init = ["shards", "init", *(a for addr in addresses for a in ("--address", addr))]
@@ -78,7 +67,7 @@ def test_shards_finalize_raises_every_shard_of_the_map_once(
     assert capsys.readouterr().out.splitlines() == [
         f"shard {i} ({addr}): job format 1 -> {JOB_FORMAT}" for i, addr in enumerate(addresses)
     ]
-    for proc in (redis_proc, second_redis):
+    for proc in (redis_proc, other_redis):
         assert redis_lib.Redis.from_url(proc.url).get("sq:jobformat") == str(JOB_FORMAT).encode()
     assert cli.main(["shards", "finalize", *common]) == 0
     assert capsys.readouterr().out.splitlines() == [
