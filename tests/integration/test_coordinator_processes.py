@@ -24,6 +24,7 @@ from tests.integration.test_frontdoor_metrics import samples, tokens
 from tests.support.coordinator_proc import CoordinatorProcess, one_shard
 
 SUBMITS = "grpc_server_started_total"
+PORT_ATTEMPTS = 3
 SUBMIT_LABELS = frozenset(
     {
         ("grpc_type", "unary"),
@@ -85,15 +86,35 @@ async def coordinators(
     """``shardq-coordinator --processes N`` on a one-shard cluster, each child's /healthz up;
     (its process, its gRPC port, the first child's metrics port). Killed after if still up."""
     async with one_shard(database_url):
-        port, ops = free_port(), two_free_ports()
-        proc = start(database_url, port, ops, processes, log)
-        try:
-            await up(proc, port, [ops + i for i in range(processes)])
-            yield proc, port, ops
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        for _ in range(PORT_ATTEMPTS):
+            port, ops = free_port(), two_free_ports()
+            seen = size_of(log)
+            proc = start(database_url, port, ops, processes, log)
+            try:
+                try:
+                    await up(proc, port, [ops + i for i in range(processes)])
+                except AssertionError:
+                    if proc.poll() is None or not lost_a_port(log, seen):
+                        raise
+                    continue  # another process took a port after free_port() let it go
+                yield proc, port, ops
+                return
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        raise AssertionError(f"{PORT_ATTEMPTS} starts each lost a port to another process")
+
+
+def size_of(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+def lost_a_port(log: Path, since: int) -> bool:
+    """Whether the start logged from byte ``since`` of ``log`` on failed to bind a port."""
+    with log.open("rb") as f:
+        f.seek(since)
+        return b"address already in use" in f.read().lower()
 
 
 async def test_two_processes_share_the_port_and_the_calls(
