@@ -315,6 +315,12 @@ class Mover:
             return None
         # The tenant's limits and pauses first, so the target enforces them on its first job.
         await dst.adopt_controls(await src.controls())
+        # And the source's job format: a shard added after `shards finalize` is still at 1,
+        # and below FOLDED_FORMAT its submits would not find the live jobs copied there by
+        # their request IDs (they have no dedupe keys). A source at a format means every pod
+        # reads it; the target is raised, never lowered.
+        _, source_format = await src.shard.raise_job_format(0)
+        await dst.shard.raise_job_format(source_format)
         deadline = time.monotonic() + self.active_wait_s
         while True:
             await self._guard()

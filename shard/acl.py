@@ -8,7 +8,8 @@ user                may
 ==================  ===========================================================================
 ``<p>-worker``      what a worker's scripts do (claim, heartbeat, ack, fail, release) on the
                     keys they touch, read the limits and pauses those scripts consult, and wait
-                    for work. It cannot enqueue (no dedupe keys, rate buckets or tenant index),
+                    for work. It cannot enqueue (no rate buckets or tenant index; it writes a
+                    request ID's dedupe key only as its scripts end a job, at job format 3),
                     change a tenant's limits or pauses, touch schedules, the loop's lease or
                     the shard's identity, or run Lua the scripts do not send.
 ``<p>-loop``        every shardq key, with the commands of its scripts (promote, reap, cron,

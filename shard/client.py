@@ -57,11 +57,13 @@ from shardq.shard.records import (
     DedupeEntry,
     EnqueueResult,
     FailResult,
+    JobField,
     JobProgress,
     JobRecord,
     JobState,
     PrecheckPage,
     PreparedJob,
+    derived_job_id,
     limit_defaults,
 )
 from shardq.shard.scripts import register_all
@@ -383,7 +385,7 @@ class ShardClient:
             taken, to_ready, to_dead = await self._run(
                 "reap",
                 [self.keys.leases()],
-                [self._now_arg(), limit, self.settings.retention_ms],
+                [self._now_arg(), limit, self.settings.retention_ms, self.settings.dedupe_ttl_ms],
             )
             ready += int(to_ready)
             dead += int(to_dead)
@@ -512,7 +514,12 @@ class ShardClient:
         codes = await self._run(
             "ack",
             [],
-            [self._now_arg(), self.settings.retention_ms, *self._lease_args(leases)],
+            [
+                self._now_arg(),
+                self.settings.retention_ms,
+                self.settings.dedupe_ttl_ms,
+                *self._lease_args(leases),
+            ],
         )
         return [item_code(c) for c in codes]
 
@@ -527,7 +534,7 @@ class ShardClient:
         validation.int_in_range(avoid_ms, 0, validation.MAX_TIMEOUT_MS, "avoid_ms")
         if not leases:
             return []
-        args = [self._now_arg(), self.settings.retention_ms, avoid_ms]
+        args = [self._now_arg(), self.settings.retention_ms, avoid_ms, self.settings.dedupe_ttl_ms]
         codes = await self._run("release", [], args + self._lease_args(leases))
         return [item_code(c) for c in codes]
 
@@ -544,7 +551,7 @@ class ShardClient:
         if not failures:
             return []
         now = self.clock.now_ms()
-        args: list[Any] = [self._now_arg(), self.settings.retention_ms]
+        args: list[Any] = [self._now_arg(), self.settings.retention_ms, self.settings.dedupe_ttl_ms]
         default = self.settings.backoff.to_arg()
         for f in failures:
             retry_in = -1 if f.retry_at_ms is None else max(0, f.retry_at_ms - now)
@@ -567,7 +574,15 @@ class ShardClient:
         validation.tenant_id(tenant)
         validation.job_id(job_id)
         code, state = await self._run(
-            "cancel", [], [tenant, job_id, self._now_arg(), self.settings.retention_ms]
+            "cancel",
+            [],
+            [
+                tenant,
+                job_id,
+                self._now_arg(),
+                self.settings.retention_ms,
+                self.settings.dedupe_ttl_ms,
+            ],
         )
         code = item_code(code)
         if code is ItemCode.NOT_FOUND:
@@ -643,16 +658,27 @@ class ShardClient:
     async def dedupe_entries(
         self, tenant: str, request_ids: Sequence[str]
     ) -> list[DedupeEntry | None]:
-        """Per request_id: the first job submitted with it within the dedupe window, or None."""
+        """Per request_id: the first job submitted with it within the dedupe window, or None.
+        Its dedupe key says (written at submit, or at its end at FOLDED_FORMAT), else a hash
+        at its derived ID (``derived_job_id``: a job of FOLDED_FORMAT, live or retained)."""
         validation.tenant_id(tenant)
         for request_id in request_ids:
             validation.request_id(request_id)
         if not request_ids:
             return []
-        values = await self._r.mget(
-            [self.keys.dedupe(tenant, request_id) for request_id in request_ids]
-        )
-        return [DedupeEntry.from_value(v) if v is not None else None for v in values]
+        ids = [derived_job_id(tenant, request_id) for request_id in request_ids]
+        pipe = self._r.pipeline(transaction=False)
+        pipe.mget([self.keys.dedupe(tenant, request_id) for request_id in request_ids])
+        for job_id in ids:
+            pipe.hget(self.keys.job(job_id), JobField.DIGEST)
+        values, *digests = await pipe.execute()
+        out: list[DedupeEntry | None] = []
+        for value, job_id, d in zip(values, ids, digests, strict=True):
+            if value is not None:
+                out.append(DedupeEntry.from_value(value))
+            else:
+                out.append(DedupeEntry(job_id, d.decode()) if d else None)
+        return out
 
     async def counts(self, tenant: str) -> TenantCounts:
         validation.tenant_id(tenant)

@@ -148,7 +148,9 @@ class Keys:
 
     def dedupe(self, tenant: str, request_id: str) -> str:
         """STRING ``"{job_id} {digest}"`` with a TTL: the tenant's dedupe window (``limits:{t}``
-        ``dedupe``, s) or ``ShardSettings.dedupe_ttl_ms``, set when the job is accepted."""
+        ``dedupe``, s) or ``ShardSettings.dedupe_ttl_ms``, set when the job is accepted; at job
+        format 3 (``job_format``) set only when the job ends, for what is left of the window
+        counted from its submit (none when nothing is)."""
         return f"{self.prefix}:dedupe:{tenant}:{request_id}"
 
     def counts(self, tenant: str) -> str:
@@ -215,8 +217,10 @@ class Keys:
         """STRING (integer): the job-hash format ``enqueue.lua`` writes on this shard
         (:data:`shard.records.JOB_FORMAT`); absent: 1. Raised, never lowered, by ``shardq
         shards finalize`` once every pod runs a release that reads the higher format (a first
-        install's hook, the operator after an upgrade) and by ``shardq dev``: 2 leaves ``pr``,
-        ``ma`` and ``to`` out of a job hash at their usual value."""
+        install's hook, the operator after an upgrade), by ``shardq dev``, and on a move's
+        target to its source's: 2 leaves ``pr``, ``ma`` and ``to`` out of a job hash at their
+        usual value; 3 gives a job the ID ``derived_job_id(tenant, request_id)`` and no dedupe
+        key until it ends (its hash's ``d`` is the record meanwhile)."""
         return f"{self.prefix}:jobformat"
 
     def identity(self) -> str:

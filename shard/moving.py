@@ -18,7 +18,7 @@ from typing import Any
 from shardq.shard import cron
 from shardq.shard.client import ShardClient
 from shardq.shard.models import TenantLimits
-from shardq.shard.records import DedupeEntry, JobField, JobRecord, JobState
+from shardq.shard.records import DedupeEntry, JobField, JobRecord, JobState, derived_job_id
 
 #: The counters (that only grow) a move adds to the target; gauges follow the jobs.
 MOVED_COUNTERS = ("submitted", "succeeded", "failed", "unrunnable")
@@ -152,9 +152,15 @@ class ShardSide:
         return out
 
     async def fired(self, schedule_id: str, tick_ms: int) -> bool:
-        """Whether this shard's loop enqueued the job of that tick (its dedupe key exists)."""
+        """Whether this shard's loop enqueued the job of that tick (its dedupe key exists, or
+        its hash at the derived ID: FOLDED_FORMAT)."""
         request_id = cron.tick_request_id(schedule_id, tick_ms)
-        return bool(await self._r.exists(self.keys.dedupe(self.tenant, request_id)))
+        return bool(
+            await self._r.exists(
+                self.keys.dedupe(self.tenant, request_id),
+                self.keys.job(derived_job_id(self.tenant, request_id)),
+            )
+        )
 
     async def dedupe_keys(self, count: int = 1000) -> list[DedupeCopy]:
         """Every dedupe key of the tenant here (a SCAN: the mover's one O(keyspace) step)."""

@@ -16,6 +16,7 @@ the shard's values from one module.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -34,10 +35,26 @@ DEFAULT_QUEUE: Final = "default"
 UNSTORED_MAX_ATTEMPTS: Final = 5
 UNSTORED_TIMEOUT_MS: Final = 300_000
 #: The job-hash format this release writes once a shard's is raised to it (``Keys.job_format``,
-#: ``shardq shards finalize``): 2, fields at their usual value left out. Until then a shard
-#: writes format 1, every field, which releases before the one that read format 2 (``e23b590``)
-#: need: they may run beside this one while pods roll.
-JOB_FORMAT: Final = 2
+#: ``shardq shards finalize``). Until then a shard writes format 1, every field, which releases
+#: before the one that read format 2 (``e23b590``) need: they may run beside this one while pods
+#: roll. Format 2 leaves fields at their usual value out (:data:`COMPACT_FORMAT`); format 3
+#: (:data:`FOLDED_FORMAT`) also folds the dedupe key of a live job into its hash.
+JOB_FORMAT: Final = 3
+#: The first format that leaves ``pr``, ``ma`` and ``to`` out at their usual values.
+COMPACT_FORMAT: Final = 2
+#: The first format whose jobs are found by (tenant, request_id): a job's ID is
+#: :func:`derived_job_id` and its hash holds the digest (``d``), the record that deduplicates
+#: its request ID while it lives; its dedupe key is written only when it ends, for what is left
+#: of its window (``_lib.lua``, ``dedupe_after_end``). One key per scheduled job instead of two.
+FOLDED_FORMAT: Final = 3
+
+
+def derived_job_id(tenant: str, request_id: str) -> str:
+    """The ID of the job of (tenant, request_id) at :data:`FOLDED_FORMAT`: the first 26 hex
+    digits (104 bits) of the SHA-1 of ``tenant:request_id``, as ``_lib.lua``'s ``derived_id``
+    makes it (a tenant ID holds no ``:``, so no two pairs share the text). Lower-case hex, so
+    it never looks like a time-sortable ID (``shardq.common.ids``, upper-case base32)."""
+    return hashlib.sha1(f"{tenant}:{request_id}".encode(), usedforsecurity=False).hexdigest()[:26]
 
 
 class JobState(StrEnum):
@@ -117,6 +134,7 @@ class JobField(StrEnum):
     TRACE_CONTEXT = "tc"
     STORE_RETRIES = "sr"
     FOUND_DONE = "ck"
+    DIGEST = "d"
 
     @property
     def attribute(self) -> str:
@@ -157,6 +175,9 @@ JOB_FIELD_DOCS: Final[Mapping[JobField, str]] = {
     JobField.FOUND_DONE: "d when the shard loop found a final row for the job's request ID "
     "before its first claim (prechecked.lua): that claim is looked up before it starts; "
     "absent: the first claim starts at once, looked up alongside",
+    JobField.DIGEST: "digest of handler and payload, what makes two submits of its request ID "
+    "the same job (only at FOLDED_FORMAT, whose job IDs are derived_job_id: the job's hash is "
+    "then its request ID's dedupe record while it lives; absent below)",
 }
 
 
@@ -361,6 +382,8 @@ class JobRecord:
     #: The shard loop found a final row for its request ID ahead of its first claim
     #: (``shard/precheck.py``): that claim is looked up before it starts.
     found_done: bool = False
+    #: The digest of handler and payload, at FOLDED_FORMAT; '' below it.
+    digest: str = ""
 
     @property
     def next_attempt_at_ms(self) -> int:
@@ -409,6 +432,7 @@ class JobRecord:
             trace_context=t(JobField.TRACE_CONTEXT),
             store_retries=i(JobField.STORE_RETRIES),
             found_done=h.get(JobField.FOUND_DONE) == b"d",
+            digest=t(JobField.DIGEST),
         )
 
     @classmethod

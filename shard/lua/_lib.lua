@@ -54,6 +54,30 @@ local DEFAULT_QUEUE = 'default'
 local UNSTORED_MAX_ATTEMPTS = '5'
 local UNSTORED_TIMEOUT_MS = '300000'
 local COMPACT_FORMAT = 2
+-- From this job format on, enqueue.lua gives a job the ID derived_id(tenant, request_id) and
+-- writes no dedupe key: the job's hash, with the digest in 'd', is its request ID's dedupe
+-- record while it lives (shard/records.py, FOLDED_FORMAT).
+local FOLDED_FORMAT = 3
+
+-- The ID of the job of (tenant, request_id) at FOLDED_FORMAT (records.derived_job_id).
+local function derived_id(t, rid)
+  return string.sub(redis.sha1hex(t .. ':' .. rid), 1, 26)
+end
+
+-- When a job of FOLDED_FORMAT (one with 'd') ends, its request ID keeps a dedupe key for what
+-- is left of its window (from its submit): the hash alone may expire sooner (its retention)
+-- and is not found by a tenant's move (the mover SCANs the tenant's dedupe keys). Below that
+-- format the key was written at submit. `default_ttl`: the window of a tenant whose limits:{t}
+-- has no 'dedupe', ms (ShardSettings.dedupe_ttl_ms, each ending script's ARGV).
+local function dedupe_after_end(id, job, tenant, now, default_ttl)
+  local f = redis.call('HMGET', job, 'd', 'r', 'ca')
+  if not f[1] then return end
+  local window = tonumber(redis.call('HGET', k_limits(tenant), 'dedupe') or '')
+  local left = (window and window * 1000 or default_ttl) - (now - tonumber(f[3]))
+  if left > 0 then
+    redis.call('SET', k_dedupe(tenant, f[2]), id .. ' ' .. f[1], 'PX', left)
+  end
+end
 
 -- Most wake-up tokens kept for idle workers of a queue; more would only cause empty claims.
 local WAKE_CAP = 64
@@ -188,6 +212,13 @@ end
 -- payload no longer counts in the tenant's 'bytes' (at settle()).
 local function uncount_bytes(job, tenant)
   add_bytes(tenant, -redis.call('HSTRLEN', job, 'p'))
+end
+
+-- The job ended (succeeded, dead, cancelled): uncount_bytes, and the dedupe key of a job of
+-- FOLDED_FORMAT (dedupe_after_end). `default_ttl`: each ending script's dedupe_ttl_ms.
+local function job_ended(id, job, tenant, now, default_ttl)
+  uncount_bytes(job, tenant)
+  dedupe_after_end(id, job, tenant, now, default_ttl)
 end
 
 -- Ends an active job's lease: off the lease ZSETs, one fewer active; a tenant parked at its

@@ -6,14 +6,17 @@
 -- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
 --                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  retention_ms              (int)     how long the finished job hash is kept
--- ARGV[3..] pairs: job_id, fence    (string, int) fence must equal job hash field 'f'
+-- ARGV[3]  dedupe_ttl_ms             (int)     the window of a tenant whose limits:{t} has no
+--                                              'dedupe', for the dedupe key written at a job's
+--                                              end (_lib.lua, dedupe_after_end)
+-- ARGV[4..] pairs: job_id, fence    (string, int) fence must equal job hash field 'f'
 -- An acked job gets 's' = 'succeeded' (or 'cancelled' when its 'cx' is 1) and 'fa' = now_ms;
 -- its payload leaves counts:{t} 'bytes'. A tenant parked at its max_active is un-parked (back
 -- on its rings, their workers woken) once below it.
 -- Returns  one code per pair: OK | CANCELLED (ended as cancelled) | STALE_LEASE
-local now, retention = shard_now(ARGV[1]), tonumber(ARGV[2])
+local now, retention, dedupe_ttl = shard_now(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
   local job = k_job(id)
   local j = redis.call('HMGET', job, 's', 'f', 'cx', 't')
@@ -32,7 +35,7 @@ for i = 3, #ARGV, 2 do
       out[#out + 1] = OK
     end
     redis.call('PEXPIRE', job, retention)
-    uncount_bytes(job, tenant)
+    job_ended(id, job, tenant, now, dedupe_ttl)
   end
 end
 settle()

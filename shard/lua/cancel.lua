@@ -8,6 +8,9 @@
 -- ARGV[3]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
 --                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[4]  retention_ms              (int)     how long the cancelled job hash is kept
+-- ARGV[5]  dedupe_ttl_ms             (int)     the window of a tenant whose limits:{t} has no
+--                                              'dedupe', for the dedupe key written at a job's
+--                                              end (_lib.lua, dedupe_after_end)
 -- An active job gets 'cx' = 1; a job cancelled here gets 's' = 'cancelled' and 'fa' = now_ms,
 -- and its payload leaves counts:{t} 'bytes', and its ID goes on {prefix}:outbox (scored
 -- now_ms): no worker writes its result row, the shard loop does.
@@ -17,6 +20,7 @@
 --          | MOVING (its tenant is moving and the job is being copied to the target: the
 --            caller asks the target in a moment)
 local tenant, id, now, retention = ARGV[1], ARGV[2], shard_now(ARGV[3]), tonumber(ARGV[4])
+local dedupe_ttl = tonumber(ARGV[5])
 local job = k_job(id)
 local j = redis.call('HMGET', job, 't', 's')
 if j[1] ~= tenant then return {NOT_FOUND, ''} end
@@ -32,7 +36,7 @@ elseif state ~= 'ready' then
   return {ALREADY_TERMINAL, state}
 end
 redis.call('HINCRBY', k_counts(tenant), state, -1)
-uncount_bytes(job, tenant)
+job_ended(id, job, tenant, now, dedupe_ttl)
 settle()
 redis.call('HSET', job, 's', 'cancelled', 'fa', now)
 redis.call('PEXPIRE', job, retention)

@@ -4,7 +4,8 @@
 -- KEYS[1]  {prefix}:                 (prefix)  derives job, ready, tprio, tqueues, qring,
 --                                              inring, due, tscheduled, dedupe, counts,
 --                                              limits, bucket, tenants, mapfence,
---                                              jobformat, wake, promoter_wake keys
+--                                              jobformat, wake, promoter_wake, outbox,
+--                                              dead keys
 -- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
 --                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  dedupe_ttl_ms             (int)     how long a request_id stays deduplicated, for
@@ -14,7 +15,8 @@
 -- ARGV[4..] 15 entries per job (PreparedJob.to_argv in shard/records.py): entry j of job
 --          k = 0, 1, ... is ARGV[3+k*15+j]; "-> 'x'" names the job hash field it is stored in
 --   j=1   tenant           (string)          -> 't'
---   j=2   job_id           (string)          the hash's key {prefix}:job:{job_id}
+--   j=2   job_id           (string)          the hash's key {prefix}:job:{job_id}; at
+--          FOLDED_FORMAT or more not used: the ID is derived_id(tenant, request_id) (_lib.lua)
 --   j=3   request_id       (string)          -> 'r' (and the dedupe key's name)
 --   j=4   handler          (string)          -> 'h'
 --   j=5   payload          (bytes)           -> 'p'
@@ -24,6 +26,7 @@
 --   j=9   max_attempts     (int)             -> 'ma' (*)
 --   j=10  timeout_ms       (int, ms)         -> 'to' (*)
 --   j=11  digest           (string)          of handler+payload: kept in the dedupe key's value
+--                                              (-> 'd' instead, at FOLDED_FORMAT or more)
 --   j=12  queue            (string)          -> 'q' (not stored for 'default')
 --   j=13  limit_defaults   (string)          "<max_pending> <max_pending_bytes> <rate> <burst>":
 --          the caller's defaults of limits:{t} 'max_pending' (0 = none), 'max_pending_bytes'
@@ -38,6 +41,12 @@
 --          (shardq.common.tracing); '' for none, and then nothing is stored
 --   (*) not stored at its usual value (0, 5, 300000) once the shard's job format
 --       (jobformat, job_format.lua) is COMPACT_FORMAT or more
+-- Below FOLDED_FORMAT a job made here gets a dedupe key for the window; at it, none: its hash
+-- at the derived ID is the record while it lives, and its end writes the key for what is left
+-- of the window (dedupe_after_end). A request ID is deduplicated by its dedupe key (either
+-- format's) or by a live job at its derived ID: for the window, and past it while its job has
+-- not ended. An ended job there whose key is gone (its window passed) is replaced by the new
+-- one (a dead one leaves dead:{t}), unless it still waits on the outbox for its row.
 -- Returns  one {code, job_id, state, retry_after_ms, created_at_ms, run_at_ms} per job, in
 --          order (EnqueueResult); job_id is the hash's key, state its 's' ('' when there is no
 --          job), created_at_ms and run_at_ms its 'ca' and 'ra' when this call made it (OK),
@@ -64,8 +73,11 @@ if map_version > 0 then
     return out
   end
 end
--- Leave 'pr', 'ma' and 'to' out at their usual values: only once every pod reads that.
-local compact = tonumber(shard_state[2] or '1') >= COMPACT_FORMAT
+-- Leave 'pr', 'ma' and 'to' out at their usual values, and fold the dedupe key into the job
+-- hash: each only once every pod reads it.
+local job_format = tonumber(shard_state[2] or '1')
+local compact = job_format >= COMPACT_FORMAT
+local folded = job_format >= FOLDED_FORMAT
 
 -- limits:{t} per tenant of the batch, read once: {max_pending, max_pending_bytes, rate, burst,
 -- dedupe (s)}.
@@ -120,6 +132,9 @@ local function put_unless(fields, name, value, usual)
   if value ~= usual then fields[#fields + 1], fields[#fields + 2] = name, value end
 end
 
+-- The states a job does not leave but by a requeue (of a dead one).
+local ENDED = {succeeded = true, cancelled = true, dead = true}
+
 -- Each distinct limit_defaults string of the batch, parsed once (a batch's jobs share them).
 local parsed_defaults = {}
 local function defaults_of(s)
@@ -144,12 +159,26 @@ for i = FIRST, #ARGV, STRIDE do
   local dkey = k_dedupe(tenant, rid)
   local counts = k_counts(tenant)
   local seen = redis.call('GET', dkey)
+  local live, replaced = nil, nil
+  if folded then
+    id = derived_id(tenant, rid)
+    if not seen then
+      live = redis.call('HMGET', k_job(id), 'd', 's')
+      if ENDED[live[2]] and not redis.call('ZSCORE', k_outbox(), id) then
+        replaced, live = live[2], nil
+      end
+    end
+  end
   local result
   if seen then
     local first_id, first_digest = string.match(seen, '^(%S+) (%S+)$')
     local code = CONFLICT
     if first_digest == digest then code = DEDUPLICATED end
     result = {code, first_id, redis.call('HGET', k_job(first_id), 's') or '', 0, 0, 0}
+  elseif live and live[2] then
+    local code = CONFLICT
+    if live[1] == digest then code = DEDUPLICATED end
+    result = {code, id, live[2], 0, 0, 0}
   elseif over_quota(tenant, counts, max_pending, max_bytes, #payload) then
     result = {OVER_QUOTA, '', '', 1000, 0, 0}
   else
@@ -158,8 +187,21 @@ for i = FIRST, #ARGV, STRIDE do
     if wait > 0 then
       result = {RATE_LIMITED, '', '', wait, 0, 0}
     else
-      local window = tonumber(l[5])
-      redis.call('SET', dkey, id .. ' ' .. digest, 'PX', window and window * 1000 or ttl)
+      if not folded then
+        local window = tonumber(l[5])
+        redis.call('SET', dkey, id .. ' ' .. digest, 'PX', window and window * 1000 or ttl)
+      elseif replaced then
+        if replaced == 'dead' then
+          redis.call('ZREM', k_dead(tenant), id)
+          redis.call('HINCRBY', counts, 'dead', -1)
+        elseif replaced == 'cancelled' then
+          -- Cancelled while ready, its ID may still be on its ready list (claim drops such
+          -- entries lazily): the new job must not be claimed through it, from that queue.
+          local old = redis.call('HMGET', k_job(id), 'q', 'pr')
+          redis.call('LREM', k_ready(tenant, old[1] or DEFAULT_QUEUE, old[2] or '0'), 0, id)
+        end
+        redis.call('DEL', k_job(id))
+      end
       local state = 'ready'
       if run_at > now then state = 'scheduled' end
       -- One HSET, without the fields at 0 until a claim ('at', 'f'; _lib.lua, UNSTORED_*):
@@ -180,6 +222,7 @@ for i = FIRST, #ARGV, STRIDE do
       put_unless(fields, 'q', q, DEFAULT_QUEUE)
       put_unless(fields, 'rb', ARGV[i + 13], '')
       put_unless(fields, 'tc', ARGV[i + 14], '')
+      if folded then fields[#fields + 1], fields[#fields + 2] = 'd', digest end
       redis.call('HSET', k_job(id), unpack(fields))
       if state == 'ready' then
         push_ready(id, tenant, q, prio)

@@ -12,7 +12,10 @@
 -- ARGV[1]  now_ms                    (int)     0: the shard's clock (Redis TIME); else this
 --                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  retention_ms              (int)     how long a job cancelled meanwhile is kept
--- ARGV[3..] 8 entries per job (a Failure); "-> 'x'" names the job hash field it is stored in
+-- ARGV[3]  dedupe_ttl_ms             (int)     the window of a tenant whose limits:{t} has no
+--                                              'dedupe', for the dedupe key written at a job's
+--                                              end (_lib.lua, dedupe_after_end)
+-- ARGV[4..] 8 entries per job (a Failure); "-> 'x'" names the job hash field it is stored in
 --   job_id                           (string)  the hash's key {prefix}:job:{job_id}
 --   fence                            (int)     must equal 'f' (the lease's token)
 --   error                            (string)  -> 'e'
@@ -53,9 +56,9 @@ local function backoff_ms(own, policy, draw, attempt)
   return math.floor(wait - wait * jitter * draw)
 end
 
-local now, retention = shard_now(ARGV[1]), tonumber(ARGV[2])
+local now, retention, dedupe_ttl = shard_now(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
-for i = 3, #ARGV, 8 do
+for i = 4, #ARGV, 8 do
   local id, fence, err = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local retry_in, permanent = tonumber(ARGV[i + 3]), ARGV[i + 4] == '1'
   local store_max = tonumber(ARGV[i + 7])
@@ -70,7 +73,7 @@ for i = 3, #ARGV, 8 do
     if j[3] == '1' then
       redis.call('HSET', job, 's', 'cancelled', 'fa', now, 'e', err)
       redis.call('PEXPIRE', job, retention)
-      uncount_bytes(job, tenant)
+      job_ended(id, job, tenant, now, dedupe_ttl)
       to_outbox(id, now) -- its worker writes no row for a failure: the shard loop does
       out[#out + 1] = {CANCELLED, 'cancelled'}
     else
@@ -83,7 +86,7 @@ for i = 3, #ARGV, 8 do
       if not uncounted and (permanent or attempt >= tonumber(j[6] or UNSTORED_MAX_ATTEMPTS)) then
         redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', err)
         push_dead(id, tenant, now)
-        uncount_bytes(job, tenant)
+        job_ended(id, job, tenant, now, dedupe_ttl)
         if store_max > 0 then to_outbox(id, now) end
         out[#out + 1] = {OK, 'dead'}
       else

@@ -9,6 +9,9 @@
 --                                              value, unix ms (tests, on a FakeClock)
 -- ARGV[2]  limit                     (int)     most leases to take back in this call
 -- ARGV[3]  retention_ms              (int)     how long a job cancelled meanwhile is kept
+-- ARGV[4]  dedupe_ttl_ms             (int)     the window of a tenant whose limits:{t} has no
+--                                              'dedupe', for the dedupe key written at a job's
+--                                              end (_lib.lua, dedupe_after_end)
 -- A reaped job's hash gets 'e' = 'lease expired' and 's' = 'ready' (in its queue 'q'), or
 -- 'dead' / 'cancelled' with 'fa' = now_ms (its payload leaves counts:{t} 'bytes'). A tenant
 -- parked at its max_active is un-parked once below it. A job ended dead or cancelled here has
@@ -16,6 +19,7 @@
 -- the shard loop writes the row.
 -- Returns  {taken, to_ready, to_dead}: taken counts the expired leases removed
 local now, limit, retention = shard_now(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local dedupe_ttl = tonumber(ARGV[4])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 local to_ready, to_dead = 0, 0
 for _, id in ipairs(ids) do
@@ -30,12 +34,12 @@ for _, id in ipairs(ids) do
     if j[6] == '1' then
       redis.call('HSET', job, 's', 'cancelled', 'fa', now, 'e', 'lease expired')
       redis.call('PEXPIRE', job, retention)
-      uncount_bytes(job, tenant)
+      job_ended(id, job, tenant, now, dedupe_ttl)
       to_outbox(id, now)
     elseif tonumber(j[4] or 0) >= tonumber(j[5] or UNSTORED_MAX_ATTEMPTS) then
       redis.call('HSET', job, 's', 'dead', 'fa', now, 'e', 'lease expired')
       push_dead(id, tenant, now)
-      uncount_bytes(job, tenant)
+      job_ended(id, job, tenant, now, dedupe_ttl)
       to_outbox(id, now)
       to_dead = to_dead + 1
     else

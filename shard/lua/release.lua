@@ -10,7 +10,10 @@
 -- ARGV[2]  retention_ms              (int)     how long a job cancelled meanwhile is kept
 -- ARGV[3]  avoid_ms                  (int, ms) 0: any worker may claim it again; > 0: not the
 --                                              one that held it (its 'w') before now + avoid_ms
--- ARGV[4..] pairs: job_id, fence    (string, int) fence must equal job hash field 'f'
+-- ARGV[4]  dedupe_ttl_ms             (int)     the window of a tenant whose limits:{t} has no
+--                                              'dedupe', for the dedupe key written at a job's
+--                                              end (_lib.lua, dedupe_after_end)
+-- ARGV[5..] pairs: job_id, fence    (string, int) fence must equal job hash field 'f'
 -- A released job gets 's' = 'ready' (in its queue 'q') and 'at' - 1, and with avoid_ms > 0
 -- 'xw' = its 'w' and 'xu' = now_ms + avoid_ms (claim.lua honours them); a job whose cancel
 -- was requested ('cx' = 1) ends 's' = 'cancelled' with 'fa' = now_ms and its payload leaves
@@ -18,8 +21,9 @@
 -- Returns  one code per pair: OK | CANCELLED (cancel was requested: it ends cancelled)
 --          | STALE_LEASE (not ours any more: nothing changed)
 local now, retention, avoid_ms = shard_now(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local dedupe_ttl = tonumber(ARGV[4])
 local out = {}
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
   local job = k_job(id)
   local j = redis.call('HMGET', job, 's', 'f', 'cx', 't', 'pr', 'q', 'w')
@@ -31,7 +35,7 @@ for i = 4, #ARGV, 2 do
     if j[3] == '1' then
       redis.call('HSET', job, 's', 'cancelled', 'fa', now)
       redis.call('PEXPIRE', job, retention)
-      uncount_bytes(job, tenant)
+      job_ended(id, job, tenant, now, dedupe_ttl)
       to_outbox(id, now) -- a released job gets no row from its worker: the shard loop writes it
       out[#out + 1] = CANCELLED
     else

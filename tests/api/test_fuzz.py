@@ -200,7 +200,7 @@ async def _dump(port: int, tenant: str) -> dict[bytes, bytes | None]:
 #: sq:<kind>:<tenant>[:...].
 SHARD_WIDE = re.compile(
     r"sq:(due|scheduled|leases|fence|tenants|wake|promoter_wake|cron|weights|leader|load|mapfence"
-    r"|paused|qpaused|tqpaused|parked|outbox|identity|ring:\d+|credit:\d+"
+    r"|jobformat|paused|qpaused|tqpaused|parked|outbox|identity|ring:\d+|credit:\d+"
     r"|(wake|qring|inring|qcredit):[A-Za-z0-9._-]{1,64})"
 )
 TENANT_KEY = re.compile(r"sq:[a-z_]+:([A-Za-z0-9._-]{1,64})(:.*)?", re.DOTALL)

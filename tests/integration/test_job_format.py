@@ -12,7 +12,12 @@ from redis.asyncio import Redis
 from shardq.coordinator import cli
 from shardq.coordinator.tools.redis_server import RedisProcess
 from shardq.shard import ShardClient
-from shardq.shard.records import JOB_FORMAT, UNSTORED_MAX_ATTEMPTS, UNSTORED_TIMEOUT_MS
+from shardq.shard.records import (
+    COMPACT_FORMAT,
+    JOB_FORMAT,
+    UNSTORED_MAX_ATTEMPTS,
+    UNSTORED_TIMEOUT_MS,
+)
 from shardq.store import db
 from tests.support.shard import LEASE, job
 
@@ -28,7 +33,8 @@ async def test_a_shard_writes_every_field_until_its_format_is_raised(
 ) -> None:
     await shard.enqueue([job("OLD")])
     assert await _fields(redis, "OLD") >= USUAL
-    assert await shard.raise_job_format() == (1, JOB_FORMAT)
+    # The compact format alone: above it a job's ID is derived, not the one given here.
+    assert await shard.raise_job_format(COMPACT_FORMAT) == (1, COMPACT_FORMAT)
     await shard.enqueue([job("NEW"), job("SET", priority=3, max_attempts=2, timeout_ms=1_000)])
     assert not USUAL & await _fields(redis, "NEW")
     assert await _fields(redis, "SET") >= USUAL  # values other than the usual are stored

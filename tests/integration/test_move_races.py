@@ -260,7 +260,9 @@ async def test_a_finished_move_is_unmarked_while_the_pass_still_waits_for_anothe
             assert recorded.code == 0, recorded.err
 
         async with background(database_url, "moves", "run", "--active-wait-s", "600") as run:
-            await run.printed(f"{quick}: shard 0 -> 1: 20 jobs, 20 dedupe keys, 0 schedules; done")
+            # Queued jobs have no dedupe key at a first install's job format: their hashes are
+            # the records.
+            await run.printed(f"{quick}: shard 0 -> 1: 20 jobs, 0 dedupe keys, 0 schedules; done")
 
             async def marks() -> list[str]:
                 return sorted((await load_map(database_url)).moves)

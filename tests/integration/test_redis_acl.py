@@ -24,6 +24,7 @@ from shardq.client import AsyncClient, JobState, RetryPolicy, TenantLimits
 from shardq.coordinator.tools.redis_server import RedisProcess, free_port, parent_death_prefix
 from shardq.shard.client import ShardClient
 from shardq.shard.models import NewJob, ShardSettings
+from shardq.shard.records import derived_job_id
 from tests.integration.test_frontdoor_metrics import tokens
 from tests.support.coordinator_proc import (
     coordinator_process,
@@ -82,7 +83,8 @@ async def test_the_worker_user_does_its_work_and_nothing_else(database_url: str)
             for command in (
                 ("HSET", f"{PREFIX}:limits:acme", "max_active", "1000"),  # raise its limits
                 ("SADD", f"{PREFIX}:paused", "rival"),  # pause another tenant
-                ("GET", f"{PREFIX}:dedupe:acme:r1"),
+                ("HSET", f"{PREFIX}:bucket:acme", "tokens", "1000"),  # fill its rate bucket
+                ("SADD", f"{PREFIX}:tenants", "acme"),
                 ("SET", f"{PREFIX}:leader", "me"),  # take the loop's lease
                 ("HSET", f"{PREFIX}:schedules:acme", "s", "x"),
                 ("SET", f"{PREFIX}:identity", "9"),
@@ -261,6 +263,12 @@ async def test_a_cluster_runs_every_worker_path_with_a_user_per_process(  # noqa
             assert statuses["cancelled"] == "cancelled"  # written by the loop
             assert statuses["stuck"] == "dead"  # reaped by the loop
             assert statuses["dead"] == "dead"
+            # At a first install's job format, the worker's own scripts wrote these keys as
+            # they ended the jobs (ack, fail).
+            assert jobs["ok"].job_id == derived_job_id("acme", "ok")
+            async with as_user(shard, "admin") as admin_redis:
+                for rid in ("ok", "dead", "drained"):
+                    assert await admin_redis.exists(f"{PREFIX}:dedupe:acme:{rid}"), rid
             for name in ("loop", "worker-3"):
                 assert procs[name].poll() is None, f"{name} exited: {procs[name].returncode}"
     finally:

@@ -25,6 +25,7 @@ from shardq.shard import (
     TenantLimits,
 )
 from shardq.shard.moving import ShardSide, fence_map
+from shardq.shard.records import JOB_FORMAT
 from shardq.shard.scripts import SCRIPT_NAMES
 from tests.support.shard import LEASE, NOW, job, seed_previous_layout
 from tests.support.state import dump
@@ -315,7 +316,7 @@ class _OneCallPerScript:
         assert await self.shard.upgrade_layout() == 2
 
     async def job_format(self) -> None:
-        assert await self.shard.raise_job_format() == (1, 2)
+        assert await self.shard.raise_job_format() == (1, JOB_FORMAT)
 
     async def rows_written(self) -> None:  # J3's cancelled row: Redis agrees already
         assert await self.shard.rows_written([("J3", None, "cancelled")]) == [False]

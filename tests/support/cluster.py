@@ -20,7 +20,9 @@ from shardq.coordinator.shardmap import ShardMapStore
 from shardq.coordinator.tokens import TokenStore
 from shardq.coordinator.tools.redis_server import RedisProcess
 from shardq.shard.models import ShardSettings
+from shardq.shard.records import JOB_FORMAT
 from shardq.store.migrate import upgrade
+from tests.support.coordinator_proc import first_installed
 
 
 @dataclass
@@ -107,11 +109,14 @@ async def wait_until_listening(coord: Coordinator, listeners: int, timeout_s: fl
 
 @asynccontextmanager
 async def running_cluster(
-    database_url: str, shard_count: int = 2, **settings: Any
+    database_url: str, shard_count: int = 2, job_format: int = JOB_FORMAT, **settings: Any
 ) -> AsyncIterator[Cluster]:
+    """``job_format``: each shard's, as a first install's hook leaves it (1: a shard that an
+    older release made and no ``shards finalize`` raised)."""
     # The cluster keeps this list: shards added later (add_shard_process) are cleaned up too.
     shards = [RedisProcess().start() for _ in range(shard_count)]
     try:
+        await first_installed(shards, job_format)
         await asyncio.to_thread(upgrade, database_url)
         cs = CoordinatorSettings(
             listen="127.0.0.1:0",

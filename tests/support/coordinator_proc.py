@@ -18,10 +18,14 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from redis.asyncio import Redis
 
 from shardq.coordinator.shardmap import ShardMapStore
 from shardq.coordinator.tokens import TokenStore
 from shardq.coordinator.tools.redis_server import RedisProcess, free_port, parent_death_prefix
+from shardq.shard.client import ShardClient
+from shardq.shard.models import ShardSettings
+from shardq.shard.records import JOB_FORMAT
 from shardq.store import db
 from shardq.store.migrate import upgrade
 
@@ -78,8 +82,18 @@ class CoordinatorProcess:
         assert self.proc.poll() is None, f"the coordinator exited with {self.proc.returncode}"
 
 
+async def first_installed(shards: Sequence[RedisProcess], job_format: int = JOB_FORMAT) -> None:
+    """Each of ``shards`` at ``job_format``: what a first install's hook leaves (1: a shard an
+    older release made and no ``shards finalize`` raised)."""
+    for shard in shards:
+        async with Redis.from_url(shard.url) as r:
+            await ShardClient(r, ShardSettings(key_prefix="sq")).raise_job_format(job_format)
+
+
 async def prepare_database(database_url: str, shards: Sequence[RedisProcess]) -> str:
-    """Migrate, write the shard map of ``shards``; the admin token."""
+    """Migrate, write the shard map of ``shards`` (each at a first install's job format); the
+    admin token."""
+    await first_installed(shards)
     await asyncio.to_thread(upgrade, database_url)
     engine = db.make_engine(database_url)
     try:

@@ -10,7 +10,9 @@ import pytest
 
 from shardq.shard.keys import JOB_FIELDS, STATES, TERMINAL_STATES, Keys
 from shardq.shard.records import (
+    COMPACT_FORMAT,
     DEFAULT_QUEUE,
+    FOLDED_FORMAT,
     JOB_FORMAT,
     UNSTORED_MAX_ATTEMPTS,
     UNSTORED_TIMEOUT_MS,
@@ -178,6 +180,8 @@ def test_lua_reads_a_missing_job_field_as_python_does() -> None:
     assert lua["UNSTORED_TIMEOUT_MS"] == str(UNSTORED_TIMEOUT_MS)
 
 
-def test_lua_leaves_the_usual_values_out_at_the_format_python_raises_a_shard_to() -> None:
-    compact = re.search(r"^local COMPACT_FORMAT = (\d+)$", LIB, re.MULTILINE)
-    assert compact is not None and int(compact.group(1)) == JOB_FORMAT
+def test_lua_and_python_name_the_same_job_formats() -> None:
+    lua = {k: int(v) for k, v in re.findall(r"^local ([A-Z_]+_FORMAT) = (\d+)$", LIB, re.M)}
+    assert lua == {"COMPACT_FORMAT": COMPACT_FORMAT, "FOLDED_FORMAT": FOLDED_FORMAT}
+    # The format Python raises a shard to is the newest either side knows.
+    assert max(lua.values()) == JOB_FORMAT

@@ -283,9 +283,9 @@ async def shards_acl(args: argparse.Namespace) -> int:
     "shards",
     "finalize",
     help="after an upgrade, once every pod runs this release: let each shard of the map write "
-    "job hashes without their fields at their usual values, which only releases since e23b590 "
-    "(2026-12-05) read (docs/deploying.md, Upgrading). Idempotent; roll back to no older "
-    "release afterwards",
+    "the newest job format (hashes without their usual-valued fields, and no dedupe key while "
+    "a job lives), which releases before 2026-12-05 do not read (docs/deploying.md, "
+    "Upgrading). Idempotent; roll back to no older release afterwards",
     args=(config.add_redis_password, config.add_key_prefix),
 )
 async def shards_finalize(args: argparse.Namespace) -> int:
