@@ -330,7 +330,8 @@ async def memory(server: RedisServer, args: argparse.Namespace) -> Costs:
             finished,
             "bytes per finished job",
             how + ", claimed and acked: the job hash kept for the retention (PEXPIRE in "
-            "ack.lua) and the dedupe key kept for the dedupe window (set by enqueue.lua)",
+            "ack.lua) and the dedupe key kept for the dedupe window (set by enqueue.lua; at "
+            "job format 3 by ack.lua, for what is left of the window)",
             job_hash_bytes=round(statistics.fmean(hashes), 1),
             dedupe_key_bytes=round(statistics.fmean(dedupes), 1),
             by_structure="MEMORY USAGE, mean of 200 finished jobs",

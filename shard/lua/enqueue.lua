@@ -25,8 +25,8 @@
 --   j=8   delay_ms         (int, ms)         used when run_at_ms is '' (0: due now)
 --   j=9   max_attempts     (int)             -> 'ma' (*)
 --   j=10  timeout_ms       (int, ms)         -> 'to' (*)
---   j=11  digest           (string)          of handler+payload: kept in the dedupe key's value
---                                              (-> 'd' instead, at FOLDED_FORMAT or more)
+--   j=11  digest           (string)          -> 'd' at FOLDED_FORMAT or more; below it, kept
+--                                              in the dedupe key's value (of handler+payload)
 --   j=12  queue            (string)          -> 'q' (not stored for 'default')
 --   j=13  limit_defaults   (string)          "<max_pending> <max_pending_bytes> <rate> <burst>":
 --          the caller's defaults of limits:{t} 'max_pending' (0 = none), 'max_pending_bytes'

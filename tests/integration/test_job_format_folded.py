@@ -35,7 +35,7 @@ async def folded(shard: ShardClient) -> ShardClient:
 
 def test_a_derived_id_is_26_hex_digits_one_per_tenant_and_request() -> None:
     assert len(J1) == 26 and int(J1, 16) >= 0 and J1.lower() == J1
-    # The separator keeps ("a", "b:c") and ("a:b", "c") apart; tenant IDs hold no ':'.
+    # Another request ID or another tenant: another ID.
     assert len({J1, derived_job_id("acme", "rJ2"), derived_job_id("globex", "rJ1")}) == 3
 
 
