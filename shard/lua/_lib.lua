@@ -69,10 +69,18 @@ end
 -- and is not found by a tenant's move (the mover SCANs the tenant's dedupe keys). Below that
 -- format the key was written at submit. `default_ttl`: the window of a tenant whose limits:{t}
 -- has no 'dedupe', ms (ShardSettings.dedupe_ttl_ms, each ending script's ARGV).
-local function dedupe_after_end(id, job, tenant, now, default_ttl)
-  local f = redis.call('HMGET', job, 'd', 'r', 'ca')
+-- The tenants' own windows (s; false: none), read once per script: an ack of 500 jobs has
+-- few tenants, and an HGET per job was a fifth of what the key costs an ack.
+local dedupe_windows = {}
+
+local function dedupe_after_end(id, job, tenant, now, default_ttl, f)
+  f = f or redis.call('HMGET', job, 'd', 'r', 'ca')
   if not f[1] then return end
-  local window = tonumber(redis.call('HGET', k_limits(tenant), 'dedupe') or '')
+  local window = dedupe_windows[tenant]
+  if window == nil then
+    window = tonumber(redis.call('HGET', k_limits(tenant), 'dedupe') or '') or false
+    dedupe_windows[tenant] = window
+  end
   local left = (window and window * 1000 or default_ttl) - (now - tonumber(f[3]))
   if left > 0 then
     redis.call('SET', k_dedupe(tenant, f[2]), id .. ' ' .. f[1], 'PX', left)
@@ -215,10 +223,11 @@ local function uncount_bytes(job, tenant)
 end
 
 -- The job ended (succeeded, dead, cancelled): uncount_bytes, and the dedupe key of a job of
--- FOLDED_FORMAT (dedupe_after_end). `default_ttl`: each ending script's dedupe_ttl_ms.
-local function job_ended(id, job, tenant, now, default_ttl)
+-- FOLDED_FORMAT (dedupe_after_end). `default_ttl`: each ending script's dedupe_ttl_ms. `f`:
+-- the hash's {'d', 'r', 'ca'} when the caller read them with its own fields, else nil.
+local function job_ended(id, job, tenant, now, default_ttl, f)
   uncount_bytes(job, tenant)
-  dedupe_after_end(id, job, tenant, now, default_ttl)
+  dedupe_after_end(id, job, tenant, now, default_ttl, f)
 end
 
 -- Ends an active job's lease: off the lease ZSETs, one fewer active; a tenant parked at its

@@ -19,7 +19,7 @@ local out = {}
 for i = 4, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
   local job = k_job(id)
-  local j = redis.call('HMGET', job, 's', 'f', 'cx', 't')
+  local j = redis.call('HMGET', job, 's', 'f', 'cx', 't', 'd', 'r', 'ca')
   if j[1] ~= 'active' or j[2] ~= fence then
     out[#out + 1] = STALE_LEASE
   else
@@ -35,7 +35,7 @@ for i = 4, #ARGV, 2 do
       out[#out + 1] = OK
     end
     redis.call('PEXPIRE', job, retention)
-    job_ended(id, job, tenant, now, dedupe_ttl)
+    job_ended(id, job, tenant, now, dedupe_ttl, {j[5], j[6], j[7]})
   end
 end
 settle()

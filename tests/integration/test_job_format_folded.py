@@ -184,6 +184,18 @@ async def test_an_ended_job_whose_row_is_not_written_yet_still_answers(
     assert (again.code, again.state) == (ItemCode.DEDUPLICATED, "cancelled")
 
 
+async def test_one_ack_of_two_tenants_gives_each_key_its_own_tenants_window(
+    folded: ShardClient, redis: Redis
+) -> None:
+    await folded.set_limits("brief", TenantLimits(dedupe_window_s=MIN_DEDUPE_WINDOW_S))
+    await folded.enqueue([job("J1", tenant="brief"), job("J1", tenant="acme")])
+    claimed = await folded.claim("w1", 2, LEASE)
+    assert len(claimed) == 2
+    await folded.ack([Lease(c.job_id, c.fence) for c in claimed])
+    assert 0 < await redis.pttl("sq:dedupe:brief:rJ1") <= MIN_DEDUPE_WINDOW_S * 1000
+    assert DAY - 60_000 < await redis.pttl("sq:dedupe:acme:rJ1") <= DAY
+
+
 async def test_a_dedupe_key_of_an_older_format_still_answers_after_the_raise(
     shard: ShardClient, redis: Redis
 ) -> None:
