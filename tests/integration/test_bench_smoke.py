@@ -114,3 +114,21 @@ def test_the_grpc_floor_benchmark_reports_each_server_shape(tmp_path: Path) -> N
     }
     for figures in results.values():
         assert figures["calls_per_s"] > 0 and figures["server_cpu_us_per_call"] >= 0
+
+
+@pytest.mark.timeout(120)
+def test_the_key_table_benchmark_loads_on_either_side_of_other_keys(tmp_path: Path) -> None:
+    """``bench/key_table.py`` at its smallest: two loads, the second after the other keys,
+    each with its bytes per job and the key table's share of them."""
+    out = tmp_path / "table.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "key_table.py"), "--jobs", "2000", "--keys-before", "500",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=100, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first, second = json.loads(out.read_text())["results"]
+    assert (first["keys_before"], second["keys_before"]) == (0, 500)
+    assert second["keys_after"] - first["keys_after"] == 500
+    for r in (first, second):
+        assert r["bytes_per_job"] > r["by_structure"]["key_table"] > 0
