@@ -64,15 +64,16 @@ local function derived_id(t, rid)
   return string.sub(redis.sha1hex(t .. ':' .. rid), 1, 26)
 end
 
+-- The tenants' own dedupe windows (s; false: none), read once per script: an ack of 500 jobs
+-- has few tenants, and an HGET per job was a fifth of what the key costs an ack.
+local dedupe_windows = {}
+
 -- When a job of FOLDED_FORMAT (one with 'd') ends, its request ID keeps a dedupe key for what
 -- is left of its window (from its submit): the hash alone may expire sooner (its retention)
 -- and is not found by a tenant's move (the mover SCANs the tenant's dedupe keys). Below that
 -- format the key was written at submit. `default_ttl`: the window of a tenant whose limits:{t}
--- has no 'dedupe', ms (ShardSettings.dedupe_ttl_ms, each ending script's ARGV).
--- The tenants' own windows (s; false: none), read once per script: an ack of 500 jobs has
--- few tenants, and an HGET per job was a fifth of what the key costs an ack.
-local dedupe_windows = {}
-
+-- has no 'dedupe', ms (ShardSettings.dedupe_ttl_ms, each ending script's ARGV). `f`: the
+-- hash's {'d', 'r', 'ca'}, or nil to read them here.
 local function dedupe_after_end(id, job, tenant, now, default_ttl, f)
   f = f or redis.call('HMGET', job, 'd', 'r', 'ca')
   if not f[1] then return end
@@ -81,7 +82,7 @@ local function dedupe_after_end(id, job, tenant, now, default_ttl, f)
     window = tonumber(redis.call('HGET', k_limits(tenant), 'dedupe') or '') or false
     dedupe_windows[tenant] = window
   end
-  local left = (window and window * 1000 or default_ttl) - (now - tonumber(f[3]))
+  local left = (window and window * 1000 or default_ttl) - (now - (tonumber(f[3]) or now))
   if left > 0 then
     redis.call('SET', k_dedupe(tenant, f[2]), id .. ' ' .. f[1], 'PX', left)
   end

@@ -14,7 +14,8 @@ for j = 1, #specs, 2 do
   local member = tenant .. '/' .. sid
   local tick = redis.call('ZSCORE', k_cron(), member) or '0'
   local rid = 'cron:' .. sid .. ':' .. tick
-  local fired = math.min(1, redis.call('EXISTS', k_dedupe(tenant, rid), k_job(derived_id(tenant, rid))))
+  local found = redis.call('EXISTS', k_dedupe(tenant, rid), k_job(derived_id(tenant, rid)))
+  local fired = math.min(1, found)
   redis.call('HSET', k_moving_schedules(tenant), sid, tick .. ' ' .. fired .. ' ' .. spec)
   redis.call('ZREM', k_cron(), member)
 end
