@@ -134,18 +134,28 @@ class SentinelGroup:
 
     def primary_port(self) -> int | None:
         """The primary's port as a sentinel names it now (None: none answers)."""
+        named = self.primary_ports(first=True)
+        return named[0] if named else None
+
+    def primary_ports(self, first: bool = False) -> list[int | None]:
+        """The primary's port as each sentinel names it now (None: that one does not answer);
+        with ``first``, only the first answer."""
+        out: list[int | None] = []
         for s in self.sentinels:
             # Untyped: redis-py's sync annotations say "Awaitable | Any" for every reply.
             client: Any = redis.Redis(port=s.port, socket_timeout=2, socket_connect_timeout=1)
             try:
                 reply = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
             except redis.RedisError:
-                continue
+                reply = None
             finally:
                 client.close()
-            if reply:
-                return int(reply[1])
-        return None
+            port = int(reply[1]) if reply else None
+            if first and port is not None:
+                return [port]
+            if not first:
+                out.append(port)
+        return out
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
@@ -393,6 +403,12 @@ async def failover(cluster: SoakCluster, rng: random.Random) -> str:
     while new in (old, None) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
         new = await asyncio.to_thread(group.primary_port)
+    # Back only once every sentinel names the new primary: one that still names the old one
+    # when it returns (its AOF intact, up as a primary) can make the others follow it back.
+    while time.monotonic() < deadline and new not in (old, None):
+        if set(await asyncio.to_thread(group.primary_ports)) == {new}:
+            break
+        await asyncio.sleep(0.2)
     victim.start()
     cluster.write_pids()
     # The fault lasts until the shard is whole again: the sentinels make a primary that comes
