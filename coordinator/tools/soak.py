@@ -137,6 +137,26 @@ class SentinelGroup:
         named = self.primary_ports(first=True)
         return named[0] if named else None
 
+    def settled_on(self, port: int) -> bool:
+        """Whether every sentinel names ``port`` as the primary, at one config epoch, with no
+        failover in progress."""
+        if set(self.primary_ports()) != {port}:
+            return False
+        epochs = set()
+        for s in self.sentinels:
+            client: Any = redis.Redis(port=s.port, socket_timeout=2, socket_connect_timeout=1)
+            try:
+                m = client.execute_command("SENTINEL", "MASTER", self.name)
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+            fields = dict(zip(m[::2], m[1::2], strict=True)) if isinstance(m, list) else m
+            if b"failover_in_progress" in fields[b"flags"]:
+                return False
+            epochs.add(fields[b"config-epoch"])
+        return len(epochs) == 1
+
     def primary_ports(self, first: bool = False) -> list[int | None]:
         """The primary's port as each sentinel names it now (None: that one does not answer);
         with ``first``, only the first answer."""
@@ -403,10 +423,11 @@ async def failover(cluster: SoakCluster, rng: random.Random) -> str:
     while new in (old, None) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
         new = await asyncio.to_thread(group.primary_port)
-    # Back only once every sentinel names the new primary: one that still names the old one
-    # when it returns (its AOF intact, up as a primary) can make the others follow it back.
+    # Back only once the failover is over for every sentinel (each names the new primary, at
+    # one config epoch, none still failing over): one that still names the old primary when
+    # it returns (its AOF intact, up as a primary) can turn the new one back into its replica.
     while time.monotonic() < deadline and new not in (old, None):
-        if set(await asyncio.to_thread(group.primary_ports)) == {new}:
+        if await asyncio.to_thread(group.settled_on, new):
             break
         await asyncio.sleep(0.2)
     victim.start()
