@@ -380,14 +380,18 @@ class _Shard:
         ports = [free_port() for _ in marks]
         return cls(stack, tmp, redis_bin, container(spec, "redis"), ports, dirs)
 
-    def start(self, k: int, *extra_args: str, wait: bool = True) -> Any:
-        """Pod k's Redis, started (with ``extra_args`` after the chart's); its client once it
-        answers (``wait``; else see :meth:`answering`)."""
+    def start(
+        self, k: int, *extra_args: str, wait: bool = True, bin_dir: Path | None = None
+    ) -> Any:
+        """Pod k's Redis, started (with ``extra_args`` after the chart's, and the programs in
+        ``bin_dir`` before the others); its client once it answers (``wait``; else see
+        :meth:`answering`)."""
         port = self.ports[k]
         own_tmp = self.tmp / f"tmp-{port}"
         own_tmp.mkdir(exist_ok=True)
+        path = os.pathsep.join(str(d) for d in (bin_dir, self.redis_bin) if d)
         env = {
-            "PATH": f"{self.redis_bin}{os.pathsep}{os.environ['PATH']}",
+            "PATH": f"{path}{os.pathsep}{os.environ['PATH']}",
             "TMPDIR": str(own_tmp),
             "REDIS_PASSWORD": "pw",
             "REDISCLI_AUTH": "pw",
@@ -555,13 +559,70 @@ def test_a_redis_still_loading_its_aof_is_waited_for_past_the_wait(
         shard = _Shard.of(render, stack, tmp_path, redis_bin, [(1, 1), (None, None)])
         _pod_data(shard.dirs[1], 2, 0, "only-1", bulk_mb=4)
         shard.wait_s = 1
-        shard.start(0, wait=False)
         # 0.1 s a key (4 s for its 40), answering between any two.
         slow = ("--key-load-delay", "100000", "--loading-process-events-interval-bytes", "65536")
         shard.start(1, *slow, wait=False)
+        # Pod 0 starts once pod 1 answers (loading): the wait is for a pod that does not
+        # answer at all, which a pod 1 slower to start than the wait (a busy machine) would be.
+        client: Any = redis.Redis(port=shard.ports[1], password="pw", socket_timeout=2)
+        stack.callback(client.close)
+        for _ in range(500):
+            assert shard.procs[1].poll() is None
+            with contextlib.suppress(redis.ConnectionError):
+                assert client.info("persistence")["loading"] == 1
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError("pod 1 never answered")
+        shard.start(0, wait=False)
         for k in (0, 1):
             shard.answering(k)
         shard.settled(1)
+        assert shard.keys("only-*") == [{"only-1"}] * 2
+        shard.stop()
+
+
+def _cli_wrapper(folder: Path, redis_bin: Path, cases: str) -> Path:
+    """``folder`` with a redis-cli that runs the shell ``cases`` (patterns on its arguments,
+    ``$real`` the real redis-cli) before it runs the real one."""
+    folder.mkdir()
+    cli = folder / "redis-cli"
+    cli.write_text(
+        f'#!/bin/sh\nreal="{redis_bin / "redis-cli"}"\ncase " $* " in\n{cases}\nesac\n'
+        'exec "$real" "$@"\n'
+    )
+    cli.chmod(0o755)
+    return folder
+
+
+def test_a_redis_that_wins_while_a_pod_reads_the_marks_is_followed_not_doubled(
+    render: Render, tmp_path: Path, redis_bin: Path
+) -> None:
+    """Pod 1 (the most writes) becomes the primary between pod 0's discover, which found no
+    primary, and pod 0's reading of pod 1's marks, which then finds it one. Their redis-cli
+    hold the order: pod 1 sees pod 0's marks only once pod 0 has run the election's discover
+    on it, and pod 0 gets pod 1's marks only once pod 1 is primary. Pod 0, past its
+    WHOLE_SHARD_WAIT_S of 0, follows pod 1: it does not take pod 1 for a Redis that does not
+    answer and elect itself as well (two primaries)."""
+    with contextlib.ExitStack() as stack:
+        shard = _Shard.of(render, stack, tmp_path, redis_bin, [(1, 1), (2, 0)])
+        p0, p1 = shard.ports
+        discovered, once = tmp_path / "discovered", tmp_path / "discovered-once"
+        not_before = f"""  *" -p {p0} "*persistence*) [ -e "{discovered}" ] || exit 1 ;;"""
+        pod_1_bin = _cli_wrapper(tmp_path / "bin-1", redis_bin, not_before)
+        shard.start(1, bin_dir=pod_1_bin)  # waits for pod 0 however long (wait_s 600)
+        after_discover = f"""  *" -p {p1} "*persistence*)
+    n=0
+    until "$real" -p {p1} --no-auth-warning INFO replication | grep -q role:master; do
+      n=$((n + 1)); [ "$n" -gt 300 ] && break; sleep 0.1
+    done ;;
+  *" -p {p1} "*replication*)  # the first discover is the one before its Redis starts
+    [ -e "{once}" ] && touch "{discovered}"
+    touch "{once}" ;;"""
+        shard.wait_s = 0
+        shard.start(0, bin_dir=_cli_wrapper(tmp_path / "bin-0", redis_bin, after_discover))
+        shard.settled(1)
+        assert discovered.exists()
         assert shard.keys("only-*") == [{"only-1"}] * 2
         shard.stop()
 
