@@ -142,40 +142,44 @@ class SentinelGroup:
         failover in progress."""
         if set(self.primary_ports()) != {port}:
             return False
-        epochs = set()
+        masters = self.masters()
+        return (
+            all(m is not None and b"failover_in_progress" not in m[b"flags"] for m in masters)
+            and len({m[b"config-epoch"] for m in masters if m is not None}) == 1
+        )
+
+    def masters(self) -> list[dict[bytes, bytes] | None]:
+        """SENTINEL MASTER's fields for the shard, as each sentinel gives them (None: that one
+        does not answer)."""
+        out: list[dict[bytes, bytes] | None] = []
         for s in self.sentinels:
-            client: Any = redis.Redis(port=s.port, socket_timeout=2, socket_connect_timeout=1)
-            try:
-                m = client.execute_command("SENTINEL", "MASTER", self.name)
-            except redis.RedisError:
-                return False
-            finally:
-                client.close()
-            fields = dict(zip(m[::2], m[1::2], strict=True)) if isinstance(m, list) else m
-            if b"failover_in_progress" in fields[b"flags"]:
-                return False
-            epochs.add(fields[b"config-epoch"])
-        return len(epochs) == 1
+            m = self._ask(s, "MASTER")
+            out.append(dict(zip(m[::2], m[1::2], strict=True)) if isinstance(m, list) else m)
+        return out
 
     def primary_ports(self, first: bool = False) -> list[int | None]:
         """The primary's port as each sentinel names it now (None: that one does not answer);
         with ``first``, only the first answer."""
         out: list[int | None] = []
         for s in self.sentinels:
-            # Untyped: redis-py's sync annotations say "Awaitable | Any" for every reply.
-            client: Any = redis.Redis(port=s.port, socket_timeout=2, socket_connect_timeout=1)
-            try:
-                reply = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
-            except redis.RedisError:
-                reply = None
-            finally:
-                client.close()
+            reply = self._ask(s, "GET-MASTER-ADDR-BY-NAME")
             port = int(reply[1]) if reply else None
             if first and port is not None:
                 return [port]
             if not first:
                 out.append(port)
         return out
+
+    def _ask(self, sentinel: SentinelProcess, command: str) -> Any:
+        """Sentinel's reply to ``SENTINEL <command> <shard>``, None when it does not answer."""
+        # Untyped: redis-py's sync annotations say "Awaitable | Any" for every reply.
+        client: Any = redis.Redis(port=sentinel.port, socket_timeout=2, socket_connect_timeout=1)
+        try:
+            return client.execute_command("SENTINEL", command, self.name)
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
@@ -252,22 +256,13 @@ class SoakCluster(DevCluster):
 
     def _sentinels_ready(self) -> bool:
         """Every sentinel knows the two others and every replica (a failover needs that)."""
-        for g in self.groups:
-            for s in g.sentinels:
-                client: Any = redis.Redis(port=s.port, socket_timeout=2)
-                try:
-                    m = client.execute_command("SENTINEL", "MASTER", g.name)
-                except redis.RedisError:
-                    return False
-                finally:
-                    client.close()
-                fields = dict(zip(m[::2], m[1::2], strict=True)) if isinstance(m, list) else m
-                if (
-                    int(fields[b"num-other-sentinels"]) < 2
-                    or int(fields[b"num-slaves"]) < len(g.nodes) - 1
-                ):
-                    return False
-        return True
+        return all(
+            m is not None
+            and int(m[b"num-other-sentinels"]) >= 2
+            and int(m[b"num-slaves"]) >= len(g.nodes) - 1
+            for g in self.groups
+            for m in g.masters()
+        )
 
     def _common_env(self) -> dict[str, object]:
         env = super()._common_env()
