@@ -52,7 +52,7 @@ from shardq.worker.handlers import HandlerSpec, PermanentFailure, RetryLater
 from shardq.worker.heartbeat import Heartbeater
 from shardq.worker.metrics import WorkerMetrics
 from shardq.worker.settings import WorkerSettings
-from shardq.worker.shardclock import ShardClock, monotonic_ms
+from shardq.worker.shardclock import ShardClock, monotonic_ms, sleep_until
 from shardq.worker.unrunnable import UnknownHandlers
 
 log = logging.getLogger("shardq.worker")
@@ -495,7 +495,7 @@ class Worker:
         counts as started there: its row's start is its run-at (as the job hash's 'sa' says),
         its timeout and duration run from now."""
         assert run.start_at_ms is not None
-        await asyncio.sleep(max(0.0, run.start_at_ms - monotonic_ms()) / 1000)
+        await sleep_until(run.start_at_ms)
         run.started_ms = now_ms()
         run.job = dataclasses.replace(run.job, started_at_ms=run.job.run_at_ms)
         return run.job

@@ -15,6 +15,8 @@ tight bound stays safe and a newer claim's bound soon replaces it.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 
 #: The most two clocks' rates differ, in ms per ms (adjtime's largest slew: 500 ppm).
@@ -23,6 +25,17 @@ MAX_DRIFT = 0.0005
 
 def monotonic_ms() -> float:
     return time.monotonic() * 1000
+
+
+async def sleep_until(at_ms: float) -> None:
+    """Sleep until :func:`monotonic_ms` reaches ``at_ms``: on it or after, never before."""
+    left_ms = at_ms - monotonic_ms()
+    while left_ms > 0:
+        await asyncio.sleep(left_ms / 1000)
+        # uvloop's timers count whole ms from the time its loop last read: one can end up to
+        # a ms early. A whole ms then, not the rest: a sub-ms timer would end at once, again
+        # and again (a spin).
+        left_ms = math.ceil(at_ms - monotonic_ms())
 
 
 class ShardClock:

@@ -3,8 +3,11 @@ early, whatever the reply times and however old the bound."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from shardq.common.loop import run_main
 from shardq.worker import shardclock
 from shardq.worker.shardclock import MAX_DRIFT, ShardClock
 
@@ -48,3 +51,26 @@ def test_a_looser_bound_does_not_replace_a_tighter_one(mono: list[float]) -> Non
 def test_no_claim_no_answer() -> None:
     with pytest.raises(RuntimeError):
         ShardClock().local_ms(1)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_sleep_until_never_ends_before_its_time_on_either_loop(
+    loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvloop's timers count whole ms from the time its loop last read, so a plain sleep there
+    ends up to a ms early: the worker starts a job claimed ahead on its run-at, never before.
+    Waits of a fraction of a ms to a few ms, as the busy loop of a worker sees them."""
+    monkeypatch.setenv("SHARDQ_EVENT_LOOP", loop)
+
+    async def waits() -> list[float]:
+        early = []
+        for n in range(300):
+            at = shardclock.monotonic_ms() + (n % 7) * 0.45 + 0.1
+            if n % 3 == 0:
+                time.sleep(0.0008)  # noqa: ASYNC251 (on purpose: the loop's time grows old)
+            await shardclock.sleep_until(at)
+            early.append(at - shardclock.monotonic_ms())
+        return early
+
+    early = run_main(waits())
+    assert max(early) <= 0, sorted(early)[-5:]
