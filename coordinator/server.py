@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import ProcessCollector
 
 from shardq.common import config
+from shardq.common.loop import run_main
 from shardq.common.ops_http import OpsServer
 from shardq.coordinator import api, processes
 from shardq.coordinator.api import REQUEST_OVERHEAD_BYTES
@@ -369,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
                 sys.argv[1:] if argv is None else argv, args.processes, args.metrics_port
             )
         )
-    asyncio.run(serve(args))
+    run_main(serve(args))
 
 
 if __name__ == "__main__":

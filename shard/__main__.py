@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from shardq.common import config
+from shardq.common.loop import run_main
 from shardq.common.ops_http import OpsServer
 from shardq.common.redis import is_sentinel, redis_for
 from shardq.shard.client import ShardClient
@@ -169,7 +170,7 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config.setup_logging(args.log_level)
-    asyncio.run(serve(args))
+    run_main(serve(args))
 
 
 if __name__ == "__main__":

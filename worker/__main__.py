@@ -10,6 +10,7 @@ import sys
 
 from shardq.common import config, tls
 from shardq.common.errors import InvalidArgument
+from shardq.common.loop import run_main
 from shardq.common.ops_http import OpsServer
 from shardq.shard.models import ShardSettings
 from shardq.worker import handlers as handler_registry
@@ -164,7 +165,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config.setup_logging(args.log_level)
-    asyncio.run(run(args))
+    run_main(run(args))
 
 
 if __name__ == "__main__":
