@@ -5,8 +5,11 @@ separate processes (``--producers``), each with its own connection and ``--in-fl
 in flight: one process's channels to one target share a connection, which SO_REUSEPORT would
 pin to one coordinator process. The runs alternate (1, 2, 1, 2, ...) and the medians are
 printed with the coordinator's CPU per call (its processes' user + system time / calls).
+``--event-loops uvloop asyncio`` alternates the coordinator's event loop as well
+(``SHARDQ_EVENT_LOOP``); ``--processes 1`` runs one process only.
 
     python bench/coordinator_processes.py --seconds 10 --repeat 3
+    python bench/coordinator_processes.py --processes 1 --event-loops uvloop asyncio
 """
 
 from __future__ import annotations
@@ -80,10 +83,13 @@ def _healthy(port: int) -> bool:
         return False
 
 
-def run_once(url: str, token: str, processes: int, args: argparse.Namespace) -> dict[str, float]:
+def run_once(
+    url: str, token: str, processes: int, event_loop: str, args: argparse.Namespace
+) -> dict[str, float]:
     port, ops = free_port(), free_port()
     env = {
         **os.environ,
+        **({"SHARDQ_EVENT_LOOP": event_loop} if event_loop else {}),
         "SHARDQ_LISTEN": f"127.0.0.1:{port}",
         "SHARDQ_METRICS_PORT": str(ops),
         "SHARDQ_DATABASE_URL": url,
@@ -132,6 +138,11 @@ def main() -> None:
     p.add_argument("--producers", type=int, default=2, help="producer processes")
     p.add_argument("--in-flight", type=int, default=32, help="calls in flight per producer")
     p.add_argument("--repeat", type=int, default=3, help="rounds of (1, 2) processes")
+    p.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="process counts")
+    p.add_argument(
+        "--event-loops", nargs="+", default=[""], help="SHARDQ_EVENT_LOOP values (default: unset)"
+    )
+    p.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = p.parse_args()
     shard = RedisProcess().start()
     name = f"shardq_bench_procs_{secrets.token_hex(3)}"
@@ -150,13 +161,18 @@ def main() -> None:
                 await engine.dispose()
 
         token = asyncio.run(prepare())
-        runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+        runs: dict[str, list[dict[str, float]]] = {}
         for _ in range(args.repeat):
-            for processes in (1, 2):
-                runs[processes].append(run_once(url, token, processes, args))
+            for processes in args.processes:
+                for loop in args.event_loops:
+                    key = f"processes_{processes}" + (f"_{loop}" if loop else "")
+                    runs.setdefault(key, []).append(run_once(url, token, processes, loop, args))
         report: dict[str, dict[str, Any]] = {
-            f"processes_{n}": {k: round(statistics.median(r[k] for r in rs), 1) for k in rs[0]}
-            for n, rs in runs.items()
+            key: {
+                **{k: round(statistics.median(r[k] for r in rs), 1) for k in rs[0]},
+                "runs": [{k: round(v, 1) for k, v in r.items()} for r in rs],
+            }
+            for key, rs in runs.items()
         }
         report["config"] = {
             "producers": args.producers,
@@ -164,8 +180,11 @@ def main() -> None:
             "seconds": args.seconds,
             "repeat": args.repeat,
             "cpus": os.cpu_count(),
+            "command": " ".join(["python", "bench/coordinator_processes.py", *sys.argv[1:]]),
         }
         print(json.dumps(report, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
     finally:
         with psycopg.connect(POSTGRES, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

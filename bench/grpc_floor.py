@@ -1,7 +1,8 @@
 """What a unary call costs a bare ``grpc.aio`` server on this machine: the floor under
 issue 19's "coordinator CPU per unary SubmitJob ≤ 250 µs".
 
-    python bench/grpc_floor.py [--calls 6000] [--rounds 3] [--out FILE.json]
+    python bench/grpc_floor.py [--calls 6000] [--rounds 3] [--event-loops uvloop asyncio]
+                               [--out FILE.json]
 
 A server process with one method that returns the request's bytes (no protobuf, no
 handler work), served as the coordinator serves its methods: unary, and request-streaming
@@ -9,7 +10,9 @@ with the handler reading the one message (as ``coordinator/gate.py`` does); each
 interceptor and with two that pass every call through (the coordinator has two). One client
 process sends 200-byte requests with a bearer-token header, ``--in-flight`` at a time; the
 server's CPU time (``/proc``) over the calls / calls is the figure (median of ``--rounds``).
-The coordinator's own figure is ``bench/op_costs.py``'s ``coordinator_unary_us``.
+The coordinator's own figure is ``bench/op_costs.py``'s ``coordinator_unary_us``. The server
+runs on the event loop the coordinator runs on (``shardq.common.loop``); ``--event-loops``
+measures each shape on each loop named (``SHARDQ_EVENT_LOOP``), alternated.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from shardq.common.loop import run_main
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -71,8 +76,12 @@ async def _serve(port: int, streaming: bool, interceptors: int, ready: Any) -> N
     await server.wait_for_termination()
 
 
-def _server_main(port: int, streaming: bool, interceptors: int, ready: Any) -> None:
-    asyncio.run(_serve(port, streaming, interceptors, ready))
+def _server_main(
+    port: int, streaming: bool, interceptors: int, event_loop: str, ready: Any
+) -> None:
+    if event_loop:
+        os.environ["SHARDQ_EVENT_LOOP"] = event_loop
+    run_main(_serve(port, streaming, interceptors, ready))
 
 
 def _cpu_s(pid: int) -> float:
@@ -101,30 +110,31 @@ async def _rounds(
     return out
 
 
-def measure(calls: int, in_flight: int, rounds: int) -> dict[str, Any]:
+def measure(calls: int, in_flight: int, rounds: int, event_loops: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     ctx = multiprocessing.get_context("spawn")
-    for streaming in (False, True):
-        for interceptors in (0, 2):
-            port, ready = free_port(), ctx.Event()
-            server = ctx.Process(target=_server_main, args=(port, streaming, interceptors, ready))
-            server.start()
-            try:
-                if not ready.wait(30):
-                    raise RuntimeError("the grpc server did not start")
-                assert server.pid is not None
-                got = asyncio.run(_rounds(port, server.pid, calls, in_flight, rounds))
-            finally:
-                server.kill()
-                server.join()
-            name = f"{'request_streaming' if streaming else 'unary'}/{interceptors}_interceptors"
-            results[name] = {
-                "server_cpu_us_per_call": round(
-                    statistics.median(r["server_cpu_us_per_call"] for r in got), 1
-                ),
-                "calls_per_s": round(statistics.median(r["calls_per_s"] for r in got), 1),
-                "rounds": [{k: round(v, 1) for k, v in r.items()} for r in got],
-            }
+    shapes = [(s, i, loop) for s in (False, True) for i in (0, 2) for loop in event_loops]
+    for streaming, interceptors, loop in shapes:
+        port, ready = free_port(), ctx.Event()
+        server = ctx.Process(target=_server_main, args=(port, streaming, interceptors, loop, ready))
+        server.start()
+        try:
+            if not ready.wait(30):
+                raise RuntimeError("the grpc server did not start")
+            assert server.pid is not None
+            got = asyncio.run(_rounds(port, server.pid, calls, in_flight, rounds))
+        finally:
+            server.kill()
+            server.join()
+        name = f"{'request_streaming' if streaming else 'unary'}/{interceptors}_interceptors"
+        name += f"/{loop}" if loop else ""
+        results[name] = {
+            "server_cpu_us_per_call": round(
+                statistics.median(r["server_cpu_us_per_call"] for r in got), 1
+            ),
+            "calls_per_s": round(statistics.median(r["calls_per_s"] for r in got), 1),
+            "rounds": [{k: round(v, 1) for k, v in r.items()} for r in got],
+        }
     return results
 
 
@@ -133,6 +143,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=6_000, help="calls per round")
     ap.add_argument("--in-flight", type=int, default=64, help="calls in flight")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per shape (median kept)")
+    ap.add_argument(
+        "--event-loops", nargs="+", default=[""], help="SHARDQ_EVENT_LOOP values (default: unset)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="JSON file to write")
     a = ap.parse_args()
     report: dict[str, Any] = {
@@ -146,9 +159,10 @@ def main() -> None:
             "calls": a.calls,
             "in_flight": a.in_flight,
             "rounds": a.rounds,
+            "event_loops": a.event_loops,
             "request_bytes": len(REQUEST),
         },
-        "results": measure(a.calls, a.in_flight, a.rounds),
+        "results": measure(a.calls, a.in_flight, a.rounds, a.event_loops),
     }
     if a.out:
         a.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -60,6 +60,26 @@ def test_the_coordinator_processes_benchmark_runs_and_reports_both_figures() -> 
 
 
 @pytest.mark.timeout(300)
+def test_the_coordinator_processes_benchmark_alternates_event_loops(tmp_path: Path) -> None:
+    """With ``--event-loops``, one figure per loop, in the JSON file ``--out`` names too."""
+    env = {**os.environ, "BENCH_POSTGRES_URL": admin_url()}
+    out = tmp_path / "loops.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "coordinator_processes.py"), "--seconds", "1",
+         "--repeat", "1", "--producers", "1", "--in-flight", "4", "--processes", "1",
+         "--event-loops", "uvloop", "asyncio", "--out", str(out)],
+        capture_output=True, text=True, timeout=240, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert {k for k in report if k.startswith("processes_")} == {
+        "processes_1_uvloop",
+        "processes_1_asyncio",
+    }
+    assert all(report[k]["coordinator_cpu_us_per_call"] > 0 for k in report if k != "config")
+
+
+@pytest.mark.timeout(300)
 def test_the_move_lateness_benchmark_runs_with_its_control_tenant() -> None:
     """``bench/move_lateness.py`` at its smallest (one tenant moved, short slots): it reports
     the move's lateness beside the control tenant's, and loses and repeats no job (the run's
@@ -97,20 +117,27 @@ def test_the_submit_stages_benchmark_times_every_stage(tmp_path: Path) -> None:
     assert all(results[name] > 0 for name in results)
 
 
-@pytest.mark.timeout(120)
-def test_the_grpc_floor_benchmark_reports_each_server_shape(tmp_path: Path) -> None:
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("loops", [[], ["uvloop", "asyncio"]])
+def test_the_grpc_floor_benchmark_reports_each_server_shape(
+    tmp_path: Path, loops: list[str]
+) -> None:
     """``bench/grpc_floor.py`` at its smallest: a server CPU figure and a rate for each of the
-    four shapes of server (unary or request-streaming, with 0 or 2 interceptors)."""
+    four shapes of server (unary or request-streaming, with 0 or 2 interceptors), on each
+    event loop ``--event-loops`` names."""
     out = tmp_path / "floor.json"
     done = subprocess.run(
         [sys.executable, str(BENCH / "grpc_floor.py"), "--calls", "200", "--in-flight", "8",
-         "--rounds", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=100, check=False,
+         "--rounds", "1", "--out", str(out), *(["--event-loops", *loops] if loops else [])],
+        capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     results = json.loads(out.read_text())["results"]
     assert set(results) == {
-        f"{kind}/{n}_interceptors" for kind in ("unary", "request_streaming") for n in (0, 2)
+        f"{kind}/{n}_interceptors" + (f"/{loop}" if loop else "")
+        for kind in ("unary", "request_streaming")
+        for n in (0, 2)
+        for loop in loops or [""]
     }
     for figures in results.values():
         assert figures["calls_per_s"] > 0 and figures["server_cpu_us_per_call"] >= 0
