@@ -22,7 +22,7 @@ def test_the_servers_run_on_uvloop_by_default(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv("SHARDQ_EVENT_LOOP", raising=False)
-    with caplog.at_level(logging.INFO, "shardq.loop"):
+    with caplog.at_level(logging.DEBUG, "shardq.loop"):
         assert run_main(_loop_type()) is uvloop.Loop
     assert caplog.messages == ["event loop: uvloop"]
     monkeypatch.setenv("SHARDQ_EVENT_LOOP", " UVloop ")

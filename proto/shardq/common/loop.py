@@ -3,10 +3,11 @@ uvloop's where it is installed (``shardq[server]`` installs it, except on Window
 asyncio's own. ``SHARDQ_EVENT_LOOP=asyncio`` chooses asyncio's loop anyway (the benchmarks
 compare the two that way); ``uvloop`` requires uvloop.
 
-Why uvloop: a bare ``grpc.aio`` server spends about a quarter of its CPU per call in asyncio's
-loop, which uvloop runs in C (docs/benchmarks.md, session 18, has the figures). grpcio's aio
-stack runs on any asyncio loop, and redis-py, psycopg and SQLAlchemy only use the loop's
-public API.
+Why uvloop: about a quarter of the coordinator's CPU per unary call is asyncio's loop (a
+native profile, docs/benchmarks.md, session 16), which uvloop runs in C: the call costs 16%
+less CPU on it (session 18). grpcio's aio stack runs on any asyncio loop, and redis-py,
+psycopg and SQLAlchemy only use the loop's public API. Its timers count whole ms, so code that
+must not wake early checks the clock itself (``shardq.worker.shardclock.sleep_until``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def run_main(main: Coroutine[Any, Any, T]) -> T:
     except SystemExit:
         main.close()  # never to run: not "never awaited" on top of the refusal
         raise
-    log.info("event loop: %s", "asyncio" if factory is None else "uvloop")
+    # DEBUG: a refusal at start (a bad flag, a missing module) stays the one line on stderr.
+    log.debug("event loop: %s", "asyncio" if factory is None else "uvloop")
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
