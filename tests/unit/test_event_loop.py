@@ -48,19 +48,16 @@ def test_without_uvloop_the_default_is_asyncio_and_asking_for_it_is_refused(
         loop_factory()
 
 
-@pytest.mark.parametrize("program", ["shardq-coordinator", "shardq-shard", "shardq-worker"])
-def test_a_server_refuses_an_unknown_loop_by_name(program: str) -> None:
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("shardq.coordinator", ["--database-url", "postgresql://nobody@127.0.0.1:1/none"]),
+        ("shardq.shard", ["--redis-url", "redis://127.0.0.1:1", "--shard-id", "0"]),
+        ("shardq.worker", ["--handlers", "json", "--coordinator", "127.0.0.1:1"]),
+    ],
+)
+def test_a_server_refuses_an_unknown_loop_by_name(module: str, args: list[str]) -> None:
     """Before it connects to anything: the flags it needs are given, and point nowhere."""
-    module = {
-        "shardq-coordinator": "shardq.coordinator",
-        "shardq-shard": "shardq.shard",
-        "shardq-worker": "shardq.worker",
-    }[program]
-    args = {
-        "shardq-coordinator": ["--database-url", "postgresql://nobody@127.0.0.1:1/none"],
-        "shardq-shard": ["--redis-url", "redis://127.0.0.1:1", "--shard-id", "0"],
-        "shardq-worker": ["--handlers", "json", "--coordinator", "127.0.0.1:1"],
-    }[program]
     proc = subprocess.run(
         [sys.executable, "-m", module, *args],
         env={"SHARDQ_EVENT_LOOP": "trio", "PATH": "/usr/bin:/bin"},
