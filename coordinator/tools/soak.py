@@ -133,18 +133,25 @@ class SentinelGroup:
         return f"sentinel://{','.join(s.address for s in self.sentinels)}/{self.name}"
 
     def primary_port(self) -> int | None:
-        """The primary's port as a sentinel names it now (None: none answers)."""
-        named = self.primary_ports(first=True)
-        return named[0] if named else None
+        """The primary's port as the first sentinel that answers names it now (None: none
+        answers)."""
+        for s in self.sentinels:
+            reply = self._ask(s, "GET-MASTER-ADDR-BY-NAME")
+            if reply:
+                return int(reply[1])
+        return None
 
     def settled_on(self, port: int) -> bool:
         """Whether every sentinel names ``port`` as the primary, at one config epoch, with no
         failover in progress."""
-        if set(self.primary_ports()) != {port}:
-            return False
         masters = self.masters()
         return (
-            all(m is not None and b"failover_in_progress" not in m[b"flags"] for m in masters)
+            all(
+                m is not None
+                and int(m[b"port"]) == port
+                and b"failover_in_progress" not in m[b"flags"]
+                for m in masters
+            )
             and len({m[b"config-epoch"] for m in masters if m is not None}) == 1
         )
 
@@ -155,19 +162,6 @@ class SentinelGroup:
         for s in self.sentinels:
             m = self._ask(s, "MASTER")
             out.append(dict(zip(m[::2], m[1::2], strict=True)) if isinstance(m, list) else m)
-        return out
-
-    def primary_ports(self, first: bool = False) -> list[int | None]:
-        """The primary's port as each sentinel names it now (None: that one does not answer);
-        with ``first``, only the first answer."""
-        out: list[int | None] = []
-        for s in self.sentinels:
-            reply = self._ask(s, "GET-MASTER-ADDR-BY-NAME")
-            port = int(reply[1]) if reply else None
-            if first and port is not None:
-                return [port]
-            if not first:
-                out.append(port)
         return out
 
     def _ask(self, sentinel: SentinelProcess, command: str) -> Any:
