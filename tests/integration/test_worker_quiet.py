@@ -141,7 +141,9 @@ async def test_a_heartbeat_that_meets_a_lease_its_worker_just_acked_reports_noth
     finally:
         await asyncio.to_thread(heartbeater.stop)
         await setup.redis.aclose()
-    assert reported == [(0, "reaped", ItemCode.STALE_LEASE)]
+    # The heartbeater reports a lost lease on every beat until the worker lets it go (the
+    # worker acts on the first); at a beat every 10 ms a slow machine sees more than one.
+    assert set(reported) == {(0, "reaped", ItemCode.STALE_LEASE)}
 
 
 async def jobs_held_by(cluster: Cluster, worker_id: str) -> list[tuple[int, str]]:
