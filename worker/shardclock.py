@@ -29,17 +29,13 @@ def monotonic_ms() -> float:
 
 async def sleep_until(at_ms: float) -> None:
     """Sleep until :func:`monotonic_ms` reaches ``at_ms``: on it or after, never before."""
-    loop = asyncio.get_running_loop()
     left_ms = at_ms - monotonic_ms()
     while left_ms > 0:
-        # Whole ms counted from the loop's own clock. uvloop's timers run on libuv's clock,
-        # which reads whole ms (floored) and rounds a delay to the nearest ms: a delay counted
-        # from monotonic_ms() there ended up to ~1.5 ms early, and the whole ms slept again
-        # after it made the job that much late. Counted this way a timer ends on ``at_ms`` or
-        # within a ms after it, in one sleep (asyncio's loop reads time.monotonic itself: up
-        # to a ms later than an exact delay). The loop is for a clock that runs ahead of it.
-        await asyncio.sleep(max(0, math.ceil(at_ms - loop.time() * 1000)) / 1000)
-        left_ms = at_ms - monotonic_ms()
+        await asyncio.sleep(left_ms / 1000)
+        # uvloop's timers count whole ms from the time its loop last read: one can end up to
+        # a ms early. A whole ms then, not the rest: a sub-ms timer would end at once, again
+        # and again (a spin).
+        left_ms = math.ceil(at_ms - monotonic_ms())
 
 
 class ShardClock:
