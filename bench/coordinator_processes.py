@@ -160,6 +160,10 @@ def main() -> None:
             finally:
                 await engine.dispose()
 
+        # Imported here: op_costs imports this module.
+        from enqueue_calls import commit_of_shardq  # noqa: PLC0415
+        from op_costs import machine  # noqa: PLC0415
+
         token = asyncio.run(prepare())
         runs: dict[str, list[dict[str, float]]] = {}
         for _ in range(args.repeat):
@@ -181,6 +185,8 @@ def main() -> None:
             "repeat": args.repeat,
             "cpus": os.cpu_count(),
             "command": " ".join(["python", "bench/coordinator_processes.py", *sys.argv[1:]]),
+            "commit": commit_of_shardq(),
+            "machine": machine(),
         }
         print(json.dumps(report, indent=2))
         if args.out:

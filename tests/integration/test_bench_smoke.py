@@ -159,3 +159,22 @@ def test_the_key_table_benchmark_loads_on_either_side_of_other_keys(tmp_path: Pa
     assert second["keys_after"] - first["keys_after"] == 500
     for r in (first, second):
         assert r["bytes_per_job"] > r["by_structure"]["key_table"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_the_redis_calls_benchmark_measures_both_connections(tmp_path: Path) -> None:
+    """``bench/redis_calls.py`` at its smallest: the caller's CPU and wall time per command,
+    each shape with shardq's connection and with redis-py's own checks."""
+    out = tmp_path / "calls.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "redis_calls.py"), "--calls", "100", "--rounds", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=100, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"ping", "enqueue_one_job"}
+    for by_name in results.values():
+        assert set(by_name) == {"shardq", "redis_py_checks"}
+        for r in by_name.values():
+            assert r["caller_cpu_us_per_call"] > 0 and r["wall_us_per_call"] > 0
