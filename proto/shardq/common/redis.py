@@ -191,9 +191,10 @@ class _InLineSend(AbstractConnection):
             await super().send_packed_command([], check_health=False)
 
     def _health_check_due(self) -> bool:
-        return bool(self.health_check_interval) and (
-            asyncio.get_running_loop().time() > self.next_health_check
-        )
+        # redis-py sets next_health_check from the loop's time: CLOCK_MONOTONIC on both
+        # loops, as time.monotonic() (which, unlike get_running_loop() on Python 3.11, makes
+        # no getpid() system call).
+        return bool(self.health_check_interval) and time.monotonic() > self.next_health_check
 
 
 class ShardConnection(_HiredisPacking, _InLineSend, Connection):
