@@ -16,12 +16,32 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
 from tests.support.postgres import admin_url
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _bench(script: str, *args: str, timeout: int = 100, postgres: bool = False) -> str:
+    """``bench/<script> <args>`` run by this interpreter (``postgres``: on the tests' Postgres,
+    wherever it is); its standard output. Fails the test where the script fails."""
+    env = {**os.environ, "BENCH_POSTGRES_URL": admin_url()} if postgres else None
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True, text=True, timeout=timeout, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _bench_json(tmp_path: Path, script: str, *args: str, **options: Any) -> Any:
+    """The JSON file ``bench/<script> <args> --out FILE`` writes."""
+    out = tmp_path / f"{Path(script).stem}.json"
+    _bench(script, *args, "--out", str(out), **options)
+    return json.loads(out.read_text())
 
 
 def _load_smoke() -> ModuleType:
@@ -46,14 +66,11 @@ def test_quick_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
 def test_the_coordinator_processes_benchmark_runs_and_reports_both_figures() -> None:
     """``bench/coordinator_processes.py`` at its smallest: both settings report a rate and a
     CPU cost (not a measurement: nothing about their values is asserted but that they exist)."""
-    env = {**os.environ, "BENCH_POSTGRES_URL": admin_url()}  # the tests' Postgres, wherever
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "coordinator_processes.py"), "--seconds", "1",
-         "--repeat", "1", "--producers", "1", "--in-flight", "4"],
-        capture_output=True, text=True, timeout=240, check=False, env=env,
+    stdout = _bench(
+        "coordinator_processes.py", "--seconds", "1", "--repeat", "1", "--producers", "1",
+        "--in-flight", "4", timeout=240, postgres=True,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = json.loads(stdout)
     for n in (1, 2):
         figures = report[f"processes_{n}"]
         assert figures["jobs_per_s"] > 0 and figures["coordinator_cpu_us_per_call"] > 0
@@ -62,16 +79,11 @@ def test_the_coordinator_processes_benchmark_runs_and_reports_both_figures() -> 
 @pytest.mark.timeout(300)
 def test_the_coordinator_processes_benchmark_alternates_event_loops(tmp_path: Path) -> None:
     """With ``--event-loops``, one figure per loop, in the JSON file ``--out`` names too."""
-    env = {**os.environ, "BENCH_POSTGRES_URL": admin_url()}
-    out = tmp_path / "loops.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "coordinator_processes.py"), "--seconds", "1",
-         "--repeat", "1", "--producers", "1", "--in-flight", "4", "--processes", "1",
-         "--event-loops", "uvloop", "asyncio", "--out", str(out)],
-        capture_output=True, text=True, timeout=240, check=False, env=env,
+    report = _bench_json(
+        tmp_path, "coordinator_processes.py", "--seconds", "1", "--repeat", "1",
+        "--producers", "1", "--in-flight", "4", "--processes", "1",
+        "--event-loops", "uvloop", "asyncio", timeout=240, postgres=True,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(out.read_text())
     assert {k for k in report if k.startswith("processes_")} == {
         "processes_1_uvloop",
         "processes_1_asyncio",
@@ -84,15 +96,12 @@ def test_the_move_lateness_benchmark_runs_with_its_control_tenant() -> None:
     """``bench/move_lateness.py`` at its smallest (one tenant moved, short slots): it reports
     the move's lateness beside the control tenant's, and loses and repeats no job (the run's
     counts are asserted; the lateness figures only exist)."""
-    env = {**os.environ, "BENCH_POSTGRES_URL": admin_url()}
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "move_lateness.py"), "--tenants", "1", "--jobs", "20",
-         "--slot-s", "3", "--due-span-s", "3", "--lead-s", "2", "--load-per-s", "10",
-         "--load1-per-s", "10", "--unary-per-s", "10", "--busy-per-s", "10"],
-        capture_output=True, text=True, timeout=240, check=False, env=env,
+    stdout = _bench(
+        "move_lateness.py", "--tenants", "1", "--jobs", "20", "--slot-s", "3",
+        "--due-span-s", "3", "--lead-s", "2", "--load-per-s", "10", "--load1-per-s", "10",
+        "--unary-per-s", "10", "--busy-per-s", "10", timeout=240, postgres=True,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run,) = json.loads(done.stdout)["runs"]
+    (run,) = json.loads(stdout)["runs"]
     assert (run["lost"], run["duplicates"]) == (0, 0)
     # Every tenant's delayed jobs, due over the whole run: 20 per 3 s over (1 + 1) slots of 3 s.
     assert run["jobs"]["delayed"] == 2 * 40
@@ -105,13 +114,7 @@ def test_the_move_lateness_benchmark_runs_with_its_control_tenant() -> None:
 def test_the_submit_stages_benchmark_times_every_stage(tmp_path: Path) -> None:
     """``bench/submit_stages.py`` with one round: a figure per stage of the coordinator's
     per-job work and the client's ``job_spec`` (that they exist, not what they are)."""
-    out = tmp_path / "stages.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "submit_stages.py"), "--rounds", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=100, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    results = json.loads(out.read_text())["results"]
+    results = _bench_json(tmp_path, "submit_stages.py", "--rounds", "1")["results"]
     stages = ["new_job", "prepare", "to_argv", "pack", "from_reply", "submitted", "answer"]
     assert list(results) == [*stages, "coordinator_total", "client_job_spec"]
     assert all(results[name] > 0 for name in results)
@@ -125,14 +128,10 @@ def test_the_grpc_floor_benchmark_reports_each_server_shape(
     """``bench/grpc_floor.py`` at its smallest: a server CPU figure and a rate for each of the
     four shapes of server (unary or request-streaming, with 0 or 2 interceptors), on each
     event loop ``--event-loops`` names."""
-    out = tmp_path / "floor.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "grpc_floor.py"), "--calls", "200", "--in-flight", "8",
-         "--rounds", "1", "--out", str(out), *(["--event-loops", *loops] if loops else [])],
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    results = json.loads(out.read_text())["results"]
+    results = _bench_json(
+        tmp_path, "grpc_floor.py", "--calls", "200", "--in-flight", "8", "--rounds", "1",
+        *(["--event-loops", *loops] if loops else []), timeout=180,
+    )["results"]  # fmt: skip
     assert set(results) == {
         f"{kind}/{n}_interceptors" + (f"/{loop}" if loop else "")
         for kind in ("unary", "request_streaming")
@@ -147,14 +146,8 @@ def test_the_grpc_floor_benchmark_reports_each_server_shape(
 def test_the_key_table_benchmark_loads_on_either_side_of_other_keys(tmp_path: Path) -> None:
     """``bench/key_table.py`` at its smallest: two loads, the second after the other keys,
     each with its bytes per job and the key table's share of them."""
-    out = tmp_path / "table.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "key_table.py"), "--jobs", "2000", "--keys-before", "500",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=100, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    first, second = json.loads(out.read_text())["results"]
+    report = _bench_json(tmp_path, "key_table.py", "--jobs", "2000", "--keys-before", "500")
+    first, second = report["results"]
     assert (first["keys_before"], second["keys_before"]) == (0, 500)
     assert second["keys_after"] - first["keys_after"] == 500
     for r in (first, second):
@@ -165,14 +158,7 @@ def test_the_key_table_benchmark_loads_on_either_side_of_other_keys(tmp_path: Pa
 def test_the_redis_calls_benchmark_measures_both_connections(tmp_path: Path) -> None:
     """``bench/redis_calls.py`` at its smallest: the caller's CPU and wall time per command,
     each shape with shardq's connection and with redis-py's own checks."""
-    out = tmp_path / "calls.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "redis_calls.py"), "--calls", "100", "--rounds", "1",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=100, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    results = json.loads(out.read_text())["results"]
+    results = _bench_json(tmp_path, "redis_calls.py", "--calls", "100", "--rounds", "1")["results"]
     assert set(results) == {"ping", "enqueue_one_job"}
     for by_name in results.values():
         assert set(by_name) == {"shardq", "redis_py_checks"}

@@ -64,29 +64,27 @@ def test_the_pool_hands_out_shard_connections(loop: str, redis_proc: RedisProces
     _run(loop, redis_proc, scenario)
 
 
-def test_a_connection_the_server_closed_is_opened_again_for_the_next_command(
-    loop: str, redis_proc: RedisProcess
+async def _closed_by_the_server(client: Redis, admin: Redis) -> None:
+    await admin.execute_command("CLIENT", "KILL", "ID", str(await _connection_id(client)))
+
+
+async def _a_reply_left_unread(client: Redis, admin: Redis) -> None:
+    pool = client.connection_pool
+    conn = await pool.get_connection()
+    await conn.send_command("ECHO", "stale")  # its reply is never read
+    await pool.release(conn)
+
+
+@pytest.mark.parametrize("spoil", [_closed_by_the_server, _a_reply_left_unread])
+def test_a_pooled_connection_left_unfit_is_opened_again_for_the_next_command(
+    loop: str, redis_proc: RedisProcess, spoil: Callable[[Redis, Redis], Awaitable[None]]
 ) -> None:
+    """Its end, or a reply nobody read, is never taken for the next command's answer."""
+
     async def scenario(client: Redis, admin: Redis, proc: RedisProcess) -> None:
         first = await _connection_id(client)
-        await admin.execute_command("CLIENT", "KILL", "ID", str(first))
-        await asyncio.sleep(0.1)  # the end of the stream reaches the idle connection
-        assert await client.execute_command("ECHO", "after") == b"after"
-        assert await _connection_id(client) != first
-
-    _run(loop, redis_proc, scenario)
-
-
-def test_a_reply_left_unread_on_a_pooled_connection_is_never_read_as_the_next_ones(
-    loop: str, redis_proc: RedisProcess
-) -> None:
-    async def scenario(client: Redis, admin: Redis, proc: RedisProcess) -> None:
-        first = await _connection_id(client)
-        pool = client.connection_pool
-        conn = await pool.get_connection()
-        await conn.send_command("ECHO", "stale")  # its reply is never read
-        await pool.release(conn)
-        await asyncio.sleep(0.1)  # the reply comes in on the idle connection
+        await spoil(client, admin)
+        await asyncio.sleep(0.1)  # what it left comes in on the idle connection
         assert await client.execute_command("ECHO", "fresh") == b"fresh"
         assert await _connection_id(client) != first
 
