@@ -117,8 +117,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="JSON file to write")
     a = ap.parse_args()
     with RedisServer() as redis:
-        address = redis.url.removeprefix("redis://").rsplit("/", 1)[0]
-        results = run_main(measure(address, a.calls, a.rounds))
+        results = run_main(measure(f"127.0.0.1:{redis.port}", a.calls, a.rounds))
     report = {
         **report_head("shardq-redis-calls/1", "bench/redis_calls.py"),
         "params": {"calls": a.calls, "rounds": a.rounds},
