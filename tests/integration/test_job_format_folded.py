@@ -7,7 +7,6 @@ a live job by its derived ID, in Python and in Lua alike."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 import grpc
 import pytest
@@ -42,7 +41,7 @@ def test_a_derived_id_is_26_hex_digits_one_per_tenant_and_request() -> None:
 async def test_a_job_takes_the_id_of_its_request_and_no_dedupe_key_while_it_lives(
     folded: ShardClient, redis: Redis
 ) -> None:
-    changed = replace(job("J1"), payload=b'{"x": 1}')
+    changed = job("J1")._replace(payload=b'{"x": 1}')
     first, again, conflict, elsewhere = await folded.enqueue(
         [job("J1"), job("J1"), changed, job("J1", tenant="globex")]
     )
@@ -236,7 +235,7 @@ async def test_a_cron_tick_fired_here_is_seen_by_lua_and_python_alike(
     rid = tick_request_id("every-minute", schedule.next_tick_ms)
     side = ShardSide(folded, "acme")
     assert not await side.fired("every-minute", schedule.next_tick_ms)
-    await folded.enqueue([replace(job("T"), request_id=rid, handler="h")])
+    await folded.enqueue([job("T")._replace(request_id=rid, handler="h")])
     assert await side.fired("every-minute", schedule.next_tick_ms)  # Python's derivation
     assert await side.take_schedules() == 1
     raw = await redis.hget("sq:movingsched:acme", "every-minute")
