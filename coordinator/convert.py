@@ -7,6 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from shardq.common import tracing, validation
 from shardq.common.errors import InvalidArgument
 from shardq.shard import cron
@@ -44,6 +46,9 @@ def _no_constant(name: str) -> Any:
 #: One decoder for every payload: ``json.loads`` with a keyword argument builds a new
 #: ``JSONDecoder`` per call, two thirds of the check's time on a small payload.
 _JSON = json.JSONDecoder(parse_constant=_no_constant)
+#: Payloads with more brackets than this are checked by json alone: they may nest deeper than
+#: json reads under the coordinator's stack, which orjson would accept.
+_ORJSON_MAX_OPENS = 500
 
 
 def check_json(payload: bytes, field: str = "job.payload") -> bytes:
@@ -54,6 +59,20 @@ def check_json(payload: bytes, field: str = "job.payload") -> bytes:
     """
     if not payload:
         return b"null"
+    # orjson reads a small payload in a tenth of json's time (0.2 against 2.3 µs for ``5``)
+    # and refuses what JSON does not allow, and a few documents that JSON allows besides:
+    # numbers past a float's range (``1e400``, a 400-digit integer) and escaped lone
+    # surrogates (``"\\ud800"``). json decides those, and any payload that could nest deeper
+    # than json reads (its limit is the recursion limit less the caller's depth; orjson's is
+    # 1,024), so what is accepted is what json accepts. Only for the check: orjson reads an
+    # integer past 64 bits as a float, so the worker reads payloads with json.
+    if payload.count(b"[") + payload.count(b"{") <= _ORJSON_MAX_OPENS:
+        try:
+            orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            return payload
     try:
         _JSON.decode(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
