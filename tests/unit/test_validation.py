@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import IntEnum
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from shardq.common import validation
 from shardq.common.errors import InvalidArgument
+from shardq.shard.client import ShardClient
+from shardq.shard.models import NewJob
 
 # Characters that would change a Redis key's meaning (separator, cluster hash tag, glob) or
 # that no ID needs (space, control characters).
@@ -116,3 +120,56 @@ def test_a_payload_is_bytes_up_to_the_limit(value: Any, ok: bool) -> None:
     with pytest.raises(InvalidArgument) as err:
         validation.payload(value, 16)
     assert err.value.field == "payload"
+
+
+NAME_VALUES = {
+    field: [*good[:2], *bad[:4]]
+    for field, _check, good, bad in TABLE
+    if field in ("tenant_id", "handler", "request_id")
+}
+
+
+@pytest.mark.parametrize("tenant", NAME_VALUES["tenant_id"])
+@pytest.mark.parametrize("handler", NAME_VALUES["handler"])
+@pytest.mark.parametrize("request_id", NAME_VALUES["request_id"])
+def test_names_checks_a_jobs_three_names_as_the_three_checks_do_in_turn(
+    tenant: Any, handler: Any, request_id: Any
+) -> None:
+    def one_by_one() -> None:
+        validation.tenant_id(tenant)
+        validation.handler(handler)
+        validation.request_id(request_id)
+
+    try:
+        one_by_one()
+    except InvalidArgument as expected:
+        with pytest.raises(InvalidArgument) as err:
+            validation.names(tenant, handler, request_id)
+        assert (err.value.field, err.value.message) == (expected.field, expected.message)
+    else:
+        validation.names(tenant, handler, request_id)
+
+
+def test_the_shard_api_takes_a_subtype_where_its_checks_do() -> None:
+    # ShardClient.prepare tests the usual types inline, and hands any other to the checks.
+    class Level(IntEnum):
+        HIGH = 7
+
+    client = ShardClient(Redis())  # prepare needs no server: it never connects
+    job = NewJob(
+        tenant="acme",
+        handler="h",
+        payload=bytearray(b"{}"),
+        request_id="r1",
+        priority=Level.HIGH,
+        max_attempts=Level.HIGH,
+        timeout_ms=Level.HIGH,
+        queue="q1",
+    )
+    prepared = client.prepare(job, 1_700_000_000_000)
+    assert (prepared.payload, type(prepared.payload)) == (b"{}", bytes)
+    assert (prepared.priority, prepared.max_attempts, prepared.timeout_ms) == (7, 7, 7)
+    assert prepared.queue == "q1"
+    with pytest.raises(InvalidArgument) as err:
+        client.prepare(job._replace(queue="q:1"), 1_700_000_000_000)
+    assert err.value.field == "queue"

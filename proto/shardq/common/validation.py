@@ -44,6 +44,24 @@ def handler(value: object, field: str = "handler") -> str:
     return _matches(HANDLER_RE, value, field, "handler name")
 
 
+def names(tenant: object, handler_name: object, request: object) -> None:
+    """A job's tenant ID, handler name and request ID checked in one call, where one each is
+    two calls: the shard API checks the three for every job it is given (each's error as its
+    own function raises it, the tenant's first)."""
+    if (
+        isinstance(tenant, str)
+        and isinstance(handler_name, str)
+        and isinstance(request, str)
+        and TENANT_ID_RE.fullmatch(tenant)
+        and HANDLER_RE.fullmatch(handler_name)
+        and REQUEST_ID_RE.fullmatch(request)
+    ):
+        return
+    tenant_id(tenant)
+    handler(handler_name)
+    request_id(request)
+
+
 def schedule_id(value: object, field: str = "schedule_id") -> str:
     return _matches(SCHEDULE_ID_RE, value, field, "schedule ID")
 
