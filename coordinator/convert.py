@@ -136,9 +136,16 @@ def new_job(
         raise InvalidArgument(f"{run_at} is before 1970", field="job.run_at_unix_ms")
     if delay is not None and delay < 0:
         raise InvalidArgument(f"{delay} is negative", field="job.delay_ms")
-    # int32 on the wire: a caller's -1 is -1 here, and is refused as such.
-    validation.priority(spec.priority, "job.priority")
-    queue = validation.queue(spec.queue, "job.queue") if spec.queue else DEFAULT_QUEUE
+    # int32 on the wire: a caller's -1 is -1 here, and is refused as such. The usual values
+    # tested here, the check's function called only to say what is wrong (once per job).
+    priority = spec.priority
+    if not validation.MIN_PRIORITY <= priority <= validation.MAX_PRIORITY:
+        validation.priority(priority, "job.priority")
+    queue = spec.queue
+    if not queue:
+        queue = DEFAULT_QUEUE
+    elif queue != DEFAULT_QUEUE:
+        validation.queue(queue, "job.queue")
     retry = None
     if spec.HasField("retry"):
         r = spec.retry
@@ -148,7 +155,7 @@ def new_job(
         handler=spec.handler,
         payload=check_json(payload),
         request_id=request_id,
-        priority=spec.priority,
+        priority=priority,
         run_at_ms=run_at,
         delay_ms=delay,
         max_attempts=spec.max_attempts,
