@@ -45,9 +45,9 @@ def handler(value: object, field: str = "handler") -> str:
 
 
 def names(tenant: object, handler_name: object, request: object) -> None:
-    """A job's tenant ID, handler name and request ID checked in one call, where one each is
-    two calls: the shard API checks the three for every job it is given (each's error as its
-    own function raises it, the tenant's first)."""
+    """A job's tenant ID, handler name and request ID, checked in one call where checking each
+    is two: the shard API checks all three for every job. A bad one raises as its own check
+    does, the tenant's first."""
     if (
         isinstance(tenant, str)
         and isinstance(handler_name, str)
