@@ -10,6 +10,9 @@ printed with the coordinator's CPU per call (its processes' user + system time /
 
     python bench/coordinator_processes.py --seconds 10 --repeat 3
     python bench/coordinator_processes.py --processes 1 --event-loops uvloop asyncio
+    python bench/coordinator_processes.py --processes 1 --batch 100 --in-flight 2
+
+``--batch N``: each call a ``SubmitJobs`` of N jobs (``coordinator_cpu_us_per_job``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from shardq.client import AsyncClient, RetryPolicy
+from shardq.client import AsyncClient, RetryPolicy, job_spec
 from shardq.coordinator.processes import children_of
 from shardq.coordinator.shardmap import ShardMapStore
 from shardq.coordinator.tokens import TokenStore
@@ -41,7 +44,9 @@ from shardq.store.migrate import upgrade
 POSTGRES = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def _producer(target: str, token: str, seconds: float, in_flight: int, out: object) -> None:
+def _producer(
+    target: str, token: str, seconds: float, in_flight: int, batch: int, out: object
+) -> None:
     async def go() -> int:
         done = 0
         own = [("grpc.use_local_subchannel_pool", 1)]
@@ -54,8 +59,15 @@ def _producer(target: str, token: str, seconds: float, in_flight: int, out: obje
             async def lane() -> None:
                 nonlocal done
                 while time.monotonic() < end:
-                    await client.submit("bench.noop", {"n": done})
-                    done += 1
+                    if batch:
+                        specs = [job_spec("bench.noop", {"n": done + i}) for i in range(batch)]
+                        items = await client.submit_many(specs)
+                        if not all(it.ok for it in items):
+                            raise RuntimeError(f"refused: {items[0]}")
+                        done += batch
+                    else:
+                        await client.submit("bench.noop", {"n": done})
+                        done += 1
 
             await asyncio.gather(*(lane() for _ in range(in_flight)))
         return done
@@ -112,20 +124,22 @@ def run_once(
         producers = [
             multiprocessing.Process(
                 target=_producer,
-                args=(f"127.0.0.1:{port}", token, args.seconds, args.in_flight, queue),
+                args=(f"127.0.0.1:{port}", token, args.seconds, args.in_flight, args.batch, queue),
             )
             for _ in range(args.producers)
         ]
         cpu0, t0 = _cpu_s(pids), time.monotonic()
         for p in producers:
             p.start()
-        calls = sum(queue.get(timeout=args.seconds + 60) for _ in producers)
+        jobs = sum(queue.get(timeout=args.seconds + 60) for _ in producers)
         for p in producers:
             p.join()
         elapsed, cpu = time.monotonic() - t0, _cpu_s(pids) - cpu0
+        calls = jobs / args.batch if args.batch else jobs
         return {
-            "jobs_per_s": calls / elapsed,
+            "jobs_per_s": jobs / elapsed,
             "coordinator_cpu_us_per_call": cpu / calls * 1e6,
+            "coordinator_cpu_us_per_job": cpu / jobs * 1e6,
         }
     finally:
         coordinator.terminate()
@@ -138,6 +152,9 @@ def main() -> None:
     p.add_argument("--producers", type=int, default=2, help="producer processes")
     p.add_argument("--in-flight", type=int, default=32, help="calls in flight per producer")
     p.add_argument("--repeat", type=int, default=3, help="rounds of (1, 2) processes")
+    p.add_argument(
+        "--batch", type=int, default=0, help="SubmitJobs of this many jobs (default: SubmitJob)"
+    )
     p.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="process counts")
     p.add_argument(
         "--event-loops", nargs="+", default=[""], help="SHARDQ_EVENT_LOOP values (default: unset)"
@@ -181,6 +198,7 @@ def main() -> None:
         report["config"] = {
             "producers": args.producers,
             "in_flight_each": args.in_flight,
+            "batch": args.batch,
             "seconds": args.seconds,
             "repeat": args.repeat,
             "cpus": os.cpu_count(),

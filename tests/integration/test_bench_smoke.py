@@ -77,18 +77,25 @@ def test_the_coordinator_processes_benchmark_runs_and_reports_both_figures() -> 
 
 
 @pytest.mark.timeout(300)
-def test_the_coordinator_processes_benchmark_alternates_event_loops(tmp_path: Path) -> None:
-    """With ``--event-loops``, one figure per loop, in the JSON file ``--out`` names too."""
+def test_the_coordinator_processes_benchmark_alternates_event_loops_with_batches(
+    tmp_path: Path,
+) -> None:
+    """With ``--event-loops``, one figure per loop, in the JSON file ``--out`` names too; with
+    ``--batch``, each call a SubmitJobs of that many jobs, the CPU given per call and per job."""
     report = _bench_json(
         tmp_path, "coordinator_processes.py", "--seconds", "1", "--repeat", "1",
         "--producers", "1", "--in-flight", "4", "--processes", "1",
-        "--event-loops", "uvloop", "asyncio", timeout=240, postgres=True,
+        "--event-loops", "uvloop", "asyncio", "--batch", "10", timeout=240, postgres=True,
     )  # fmt: skip
     assert {k for k in report if k.startswith("processes_")} == {
         "processes_1_uvloop",
         "processes_1_asyncio",
     }
-    assert all(report[k]["coordinator_cpu_us_per_call"] > 0 for k in report if k != "config")
+    assert report["config"]["batch"] == 10
+    for key in ("processes_1_uvloop", "processes_1_asyncio"):
+        per_call, per_job = (report[key][f"coordinator_cpu_us_per_{k}"] for k in ("call", "job"))
+        assert per_job > 0
+        assert per_call == pytest.approx(per_job * 10, abs=1.0)
 
 
 @pytest.mark.timeout(300)
