@@ -10,7 +10,7 @@ printed with the coordinator's CPU per call (its processes' user + system time /
 
     python bench/coordinator_processes.py --seconds 10 --repeat 3
     python bench/coordinator_processes.py --processes 1 --event-loops uvloop asyncio
-    python bench/coordinator_processes.py --processes 1 --batch 100 --in-flight 2
+    python bench/coordinator_processes.py --processes 1 --batch 100 --producers 1 --in-flight 4
 
 ``--batch N``: each call a ``SubmitJobs`` of N jobs (``coordinator_cpu_us_per_job``).
 """

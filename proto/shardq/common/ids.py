@@ -24,8 +24,8 @@ def new_job_id(now_ms: int | None = None) -> str:
     if ms != last_ms:
         prefix = "".join([_PAIRS[(ms >> shift) & 1023] for shift in _TIME_SHIFTS])
         _last_time[0] = (ms, prefix)
-    # Written out, not a comprehension over the shifts: one join of a tuple costs 2.2 µs per
-    # ID, the comprehension (a function call and a list) 3.7 on the same machine.
+    # Written out, not a comprehension over the shifts (a function call and a list): an ID
+    # took 3.4 µs with the comprehension, 2.4 with one join of a tuple, on one machine.
     r = int.from_bytes(os.urandom(10), "big")
     p = _PAIRS
     return "".join(
