@@ -32,7 +32,7 @@ from shardq.coordinator.metrics import code_name
 from shardq.coordinator.router import PlacedJob, Submitted, TenantStatus, page_offset
 from shardq.shard.client import raise_for_enqueue
 from shardq.shard.codes import ItemCode
-from shardq.shard.models import NewJob, TenantLoad
+from shardq.shard.models import NewJob, TenantLimits, TenantLoad
 from shardq.shard.records import EnqueueResult, JobState
 from shardq.v1 import (
     admin_pb2,
@@ -189,17 +189,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self.c = coord
         self.router = coord.router
 
-    def _new_job(self, tenant: str, spec: common_pb2.JobSpec) -> NewJob | ShardqError:
-        """The spec as a job for the router, or why it is not a valid one."""
+    def _new_job(
+        self, tenant: str, spec: common_pb2.JobSpec, defaults: TenantLimits, max_payload: int
+    ) -> NewJob | ShardqError:
+        """The spec as a job for the router, or why it is not a valid one (``defaults``: the
+        tenant's admission defaults, ``Coordinator.limits_for``)."""
         request_id = spec.request_id or f"gen-{new_job_id()}"
         try:
-            job = convert.new_job(
-                tenant,
-                spec,
-                request_id,
-                self.c.limits_for(tenant),
-                self.c.settings.shard.max_payload_bytes,
-            )
+            job = convert.new_job(tenant, spec, request_id, defaults, max_payload)
         except ShardqError as exc:
             return exc
         if self.c.settings.reject_unknown_handlers:
@@ -224,7 +221,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self, tenant: str, specs: list[common_pb2.JobSpec], coalesce: bool
     ) -> list[Submitted | ShardqError]:
         """Per spec, what it became or its error, fields named as the request spells them."""
-        jobs = [self._new_job(tenant, spec) for spec in specs]
+        defaults, max_payload = self.c.limits_for(tenant), self.c.settings.shard.max_payload_bytes
+        jobs = [self._new_job(tenant, spec, defaults, max_payload) for spec in specs]
         outcomes = await self.router.submit(tenant, jobs, coalesce=coalesce)
         return [_wire_error(o) if isinstance(o, ShardqError) else o for o in outcomes]
 
