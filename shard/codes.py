@@ -26,13 +26,13 @@ class ItemCode(IntEnum):
 
 #: Every code by its value (they run 0, 1, ... without a gap; ``tests/unit/test_records.py``
 #: checks): indexing is a tenth of the time of ``ItemCode(value)``, paid per job of a batch.
-_BY_VALUE: tuple[ItemCode, ...] = tuple(ItemCode)
+CODES_BY_VALUE: tuple[ItemCode, ...] = tuple(ItemCode)
 
 
 def item_code(raw: int | bytes | str) -> ItemCode:
     """The code a script answered (a RESP integer, or its text); ValueError for one no
     script answers, as ``ItemCode(value)`` raises."""
     value = int(raw)
-    if not 0 <= value < len(_BY_VALUE):
+    if not 0 <= value < len(CODES_BY_VALUE):
         raise ValueError(f"{value} is not a valid ItemCode")
-    return _BY_VALUE[value]
+    return CODES_BY_VALUE[value]

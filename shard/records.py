@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import Any, Final, NamedTuple
 
 from shardq.shard.backoff import Backoff
-from shardq.shard.codes import ItemCode, item_code
+from shardq.shard.codes import CODES_BY_VALUE, ItemCode, item_code
 
 #: The queue of a job that names none; a job hash without field ``q`` is in it.
 DEFAULT_QUEUE: Final = "default"
@@ -95,6 +95,8 @@ class JobState(StrEnum):
 
 _STATE_OF_STR: Final = {s.value: s for s in JobState}
 _STATE_OF_BYTES: Final = {s.value.encode(): s for s in JobState}
+#: A tuple of a NamedTuple's class made directly (its generated ``__new__`` is a Python call).
+_new_tuple: Final = tuple.__new__
 
 #: Every state a stored job can be in (JobState.UNKNOWN aside), in lifecycle order.
 STATES: Final = tuple(s for s in JobState if s is not JobState.UNKNOWN)
@@ -310,6 +312,29 @@ class EnqueueResult(NamedTuple):
     def from_reply(cls, row: Sequence[Any]) -> EnqueueResult:
         """One entry of ``enqueue.lua``'s reply."""
         code, job_id, state, retry_after_ms, created_at_ms, run_at_ms = row
+        # The usual entry (RESP integers, and bytes where responses are not decoded) read
+        # inline, the tuple made without the NamedTuple's __new__: the helpers' and __new__'s
+        # calls were half of this, once per job of a SubmitJobs.
+        if (
+            type(code) is int
+            and 0 <= code < len(CODES_BY_VALUE)
+            and type(job_id) is bytes
+            and type(state) is bytes
+            and type(retry_after_ms) is int
+            and type(created_at_ms) is int
+            and type(run_at_ms) is int
+        ):
+            return _new_tuple(
+                cls,
+                (
+                    CODES_BY_VALUE[code],
+                    job_id.decode(),
+                    _STATE_OF_BYTES.get(state, JobState.UNKNOWN),
+                    retry_after_ms,
+                    created_at_ms,
+                    run_at_ms,
+                ),
+            )
         return cls(
             item_code(code),
             _text(job_id),

@@ -229,6 +229,35 @@ def test_an_enqueue_reply_carries_the_times_of_a_job_it_made() -> None:
     assert (limited.accepted, limited.retry_after_ms) == (False, 250)
 
 
+@pytest.mark.parametrize(
+    "row",
+    [
+        [0, b"J1", b"scheduled", 0, 1_000, 1_500],
+        [1, b"J1", b"", 0, 0, 0],
+        [2, b"J2", b"succeeded", 0, 0, 0],
+        [4, b"", b"", 250, 0, 0],
+        [10, b"", b"", 7, 0, 0],
+        [0, b"J3", b"a-state-no-script-writes", 0, 1, 2],
+    ],
+)
+def test_an_enqueue_reply_reads_the_same_as_bytes_decoded_or_as_text(row: list[Any]) -> None:
+    # hiredis answers integers and bytes (read inline); decoded responses and integers sent
+    # as text take the general path: one answer either way.
+    as_bytes = EnqueueResult.from_reply(row)
+    decoded = EnqueueResult.from_reply([v.decode() if isinstance(v, bytes) else v for v in row])
+    as_text = EnqueueResult.from_reply([str(v).encode() if isinstance(v, int) else v for v in row])
+    assert as_bytes == decoded == as_text
+    assert [type(v) for v in as_bytes] == [type(v) for v in decoded] == [type(v) for v in as_text]
+    assert type(as_bytes) is EnqueueResult and type(as_bytes.code) is ItemCode
+
+
+@pytest.mark.parametrize("code", [-1, len(ItemCode), 99])
+def test_an_enqueue_reply_with_a_code_no_script_answers_is_an_error(code: int) -> None:
+    for row in ([code, b"J1", b"ready", 0, 0, 0], [str(code).encode(), b"J1", b"ready", 0, 0, 0]):
+        with pytest.raises(ValueError, match="not a valid ItemCode"):
+            EnqueueResult.from_reply(row)
+
+
 def test_a_record_of_a_new_job_is_what_enqueue_lua_writes() -> None:
     result = EnqueueResult(ItemCode.OK, "J1", JobState.SCHEDULED, 0, 1_000, 1_700_000_000_123)
     # enqueue.lua's HSET of a new job, from the ARGV of PREPARED and the shard's now = 1000.
