@@ -13,6 +13,10 @@ printed with the coordinator's CPU per call (its processes' user + system time /
     python bench/coordinator_processes.py --processes 1 --batch 100 --producers 1 --in-flight 4
 
 ``--batch N``: each call a ``SubmitJobs`` of N jobs (``coordinator_cpu_us_per_job``).
+
+Each run also reports the shard's side per job: ``redis_cpu_us_per_job`` (the redis-server
+process's CPU) and ``redis_script_us_per_job`` (its time inside ``EVALSHA``, from ``INFO
+commandstats``; the rest of its CPU reads the commands, writes the replies and the AOF).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import redis
 
 from shardq.client import AsyncClient, RetryPolicy, job_spec
 from shardq.coordinator.processes import children_of
@@ -95,8 +100,21 @@ def _healthy(port: int) -> bool:
         return False
 
 
+def _script_usec(port: int) -> float:
+    """The shard's time inside EVALSHA since its last CONFIG RESETSTAT, in µs: the scripts'
+    own run time, without reading and answering the commands."""
+    with redis.Redis(port=port) as r:
+        stats = r.info("commandstats").get("cmdstat_evalsha", {})
+    return float(stats.get("usec", 0))
+
+
 def run_once(
-    url: str, token: str, processes: int, event_loop: str, args: argparse.Namespace
+    url: str,
+    token: str,
+    processes: int,
+    event_loop: str,
+    args: argparse.Namespace,
+    shard: RedisProcess,
 ) -> dict[str, float]:
     port, ops = free_port(), free_port()
     env = {
@@ -128,18 +146,25 @@ def run_once(
             )
             for _ in range(args.producers)
         ]
+        assert shard.proc is not None
+        with redis.Redis(port=shard.port) as r:
+            r.config_resetstat()
         cpu0, t0 = _cpu_s(pids), time.monotonic()
+        redis_cpu0 = _cpu_s([shard.proc.pid])
         for p in producers:
             p.start()
         jobs = sum(queue.get(timeout=args.seconds + 60) for _ in producers)
         for p in producers:
             p.join()
         elapsed, cpu = time.monotonic() - t0, _cpu_s(pids) - cpu0
+        redis_cpu = _cpu_s([shard.proc.pid]) - redis_cpu0
         calls = jobs / args.batch if args.batch else jobs
         return {
             "jobs_per_s": jobs / elapsed,
             "coordinator_cpu_us_per_call": cpu / calls * 1e6,
             "coordinator_cpu_us_per_job": cpu / jobs * 1e6,
+            "redis_cpu_us_per_job": redis_cpu / jobs * 1e6,
+            "redis_script_us_per_job": _script_usec(shard.port) / jobs,
         }
     finally:
         coordinator.terminate()
@@ -187,7 +212,9 @@ def main() -> None:
             for processes in args.processes:
                 for loop in args.event_loops:
                     key = f"processes_{processes}" + (f"_{loop}" if loop else "")
-                    runs.setdefault(key, []).append(run_once(url, token, processes, loop, args))
+                    runs.setdefault(key, []).append(
+                        run_once(url, token, processes, loop, args, shard)
+                    )
         report: dict[str, dict[str, Any]] = {
             key: {
                 **{k: round(statistics.median(r[k] for r in rs), 1) for k in rs[0]},

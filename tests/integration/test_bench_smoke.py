@@ -81,7 +81,8 @@ def test_the_coordinator_processes_benchmark_alternates_event_loops_with_batches
     tmp_path: Path,
 ) -> None:
     """With ``--event-loops``, one figure per loop, in the JSON file ``--out`` names too; with
-    ``--batch``, each call a SubmitJobs of that many jobs, the CPU given per call and per job."""
+    ``--batch``, each call a SubmitJobs of that many jobs, the CPU given per call and per job,
+    and the shard's CPU and script time per job."""
     report = _bench_json(
         tmp_path, "coordinator_processes.py", "--seconds", "1", "--repeat", "1",
         "--producers", "1", "--in-flight", "4", "--processes", "1",
@@ -96,6 +97,9 @@ def test_the_coordinator_processes_benchmark_alternates_event_loops_with_batches
         per_call, per_job = (report[key][f"coordinator_cpu_us_per_{k}"] for k in ("call", "job"))
         assert per_job > 0
         assert per_call == pytest.approx(per_job * 10, abs=1.0)
+        # The shard's side: its process's CPU and its time inside the scripts, per job.
+        assert report[key]["redis_cpu_us_per_job"] > 0
+        assert report[key]["redis_script_us_per_job"] > 0
 
 
 @pytest.mark.timeout(300)
