@@ -271,7 +271,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if isinstance(outcome, ShardqError):
             raise outcome
         raise_for_enqueue(outcome.result)
-        placed = await self.router.submitted_job(tenant, outcome)
+        if outcome.result.code is ItemCode.OK:  # made now: built from what was sent
+            response = jobs_pb2.SubmitJobResponse()
+            convert.new_job_into(response.job, outcome.job, outcome.result, outcome.shard_id)
+            return response
+        # Deduplicated: the first job, read where it is.
+        placed = await self.router.find_job(tenant, outcome.result.job_id)
         return jobs_pb2.SubmitJobResponse(
             job=convert.job_to_pb(placed.record, placed.shard_id),
             deduplicated=outcome.result.deduplicated,

@@ -377,14 +377,6 @@ class TenantRouter:
             out.append(EnqueueResult(code, entry.job_id, state, 0))
         return out
 
-    async def submitted_job(self, tenant: str, submitted: Submitted) -> PlacedJob:
-        """The job an accepted submit answered with: a job it created is built from what was
-        sent (no read back); the first job of a deduplicated one is read where it is."""
-        if submitted.result.code is ItemCode.OK:
-            record = JobRecord.of_new(submitted.job, submitted.result)
-            return PlacedJob(submitted.shard_id, record)
-        return await self.find_job(tenant, submitted.result.job_id)
-
     async def cancel(
         self, tenant: str, job_id: str, max_tries: int = MAX_REROUTES * 10
     ) -> PlacedJob:

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 from redis.asyncio import Redis
 
-from shardq.client import AsyncClient, JobState, Submitted, job_spec
+from shardq.client import AsyncClient, JobState, RetryBackoff, Submitted, job_spec
 from shardq.common.errors import InvalidArgument, ShardqError, Unauthenticated
 from shardq.common.placement import slot_of
 from shardq.coordinator import router
@@ -57,6 +57,7 @@ async def test_a_submit_answers_exactly_what_get_then_reads(cluster: Cluster) ->
         c.submit("h", {"n": 1}),
         c.submit("h", {"n": 2}, priority=9, max_attempts=3, timeout=1),
         c.submit("h", {"n": 3}, run_at=datetime.fromtimestamp(1, UTC)),  # due long ago: ready
+        c.submit("h", {"n": 4}, queue="mail", retry=RetryBackoff(base=timedelta(seconds=2))),
         *(c.submit("h", {"n": i}, delay=timedelta(milliseconds=i)) for i in range(20)),  # coalesced
     )
     for sub in subs:
