@@ -16,7 +16,9 @@ printed with the coordinator's CPU per call (its processes' user + system time /
 
 Each run also reports the shard's side per job: ``redis_cpu_us_per_job`` (the redis-server
 process's CPU) and ``redis_script_us_per_job`` (its time inside ``EVALSHA``, from ``INFO
-commandstats``; the rest of its CPU reads the commands, writes the replies and the AOF).
+commandstats``). The latter is wall time: a Redis that waits for a core in the middle of a
+script counts the wait, so on a busy machine it can pass the CPU figure; where it does not,
+the difference is the CPU spent reading the commands and writing the replies and the AOF.
 """
 
 from __future__ import annotations
@@ -101,8 +103,9 @@ def _healthy(port: int) -> bool:
 
 
 def _script_usec(port: int) -> float:
-    """The shard's time inside EVALSHA since its last CONFIG RESETSTAT, in µs: the scripts'
-    own run time, without reading and answering the commands."""
+    """The shard's time inside EVALSHA since its last CONFIG RESETSTAT, in µs of wall time:
+    the scripts' run, without reading and answering the commands (and with any wait for a
+    core in the middle of one)."""
     with redis.Redis(port=port) as r:
         stats = r.info("commandstats").get("cmdstat_evalsha", {})
     return float(stats.get("usec", 0))
