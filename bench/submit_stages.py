@@ -10,7 +10,8 @@ client library builds it (``job_spec``): reading the specs into ``NewJob``s
 No server, no Redis, no gRPC: what is left of a call's CPU (grpcio, asyncio, redis-py, the
 Redis round trip) is measured by ``bench/run.py``'s ``submit``. The best of ``--rounds``
 rounds of 300 requests each, in µs per job; the client's ``job_spec`` is timed too (the
-producer's side of the same request).
+producer's side of the same request), and apart from the total, a unary ``SubmitJob``'s
+answer for a job it made (``unary_answer``, one per call).
 
 ``--shardq-python``: run with another checkout's venv (its shardq), to compare two commits;
 the JSON records the commit of the shardq measured.
@@ -39,7 +40,7 @@ from shardq.coordinator.router import Submitted  # noqa: E402
 from shardq.shard.client import ShardClient  # noqa: E402
 from shardq.shard.codes import ItemCode  # noqa: E402
 from shardq.shard.models import TenantLimits  # noqa: E402
-from shardq.shard.records import EnqueueResult  # noqa: E402
+from shardq.shard.records import EnqueueResult, JobRecord  # noqa: E402
 from shardq.v1 import jobs_pb2  # noqa: E402
 
 BATCH = 100
@@ -56,6 +57,30 @@ def _answer(outcomes: list[Any]) -> Callable[[], Any]:
     return lambda: jobs_pb2.SubmitJobsResponse(
         items=[item(i, o.job.request_id, o.result) for i, o in enumerate(outcomes)]
     )
+
+
+def _unary_answers(outcomes: list[Any]) -> Callable[[], Any]:
+    """A unary SubmitJob's answer for each of ``outcomes`` (each a job it made), as this
+    checkout builds it (before ``convert.new_job_into``, through the job's record)."""
+    into = getattr(convert, "new_job_into", None)
+    if into is not None:
+
+        def answers() -> list[Any]:
+            out = []
+            for o in outcomes:
+                response = jobs_pb2.SubmitJobResponse()
+                into(response.job, o.job, o.result, o.shard_id)
+                out.append(response)
+            return out
+
+        return answers
+    return lambda: [
+        jobs_pb2.SubmitJobResponse(
+            job=convert.job_to_pb(JobRecord.of_new(o.job, o.result), o.shard_id),
+            deduplicated=o.result.deduplicated,
+        )
+        for o in outcomes
+    ]
 
 
 def stages() -> dict[str, Callable[[], Any]]:
@@ -98,6 +123,8 @@ def stages() -> dict[str, Callable[[], Any]]:
         "from_reply": lambda: [EnqueueResult.from_reply(r) for r in rows],
         "submitted": lambda: [Submitted(j, r, 0) for j, r in zip(prepared, results, strict=True)],
         "answer": _answer(outcomes),
+        # Not a SubmitJobs stage: a unary SubmitJob's answer, per job (one per call).
+        "unary_answer": _unary_answers(outcomes),
     }
 
 
@@ -106,7 +133,7 @@ def measure(rounds: int) -> dict[str, float]:
         return min(timeit.repeat(fn, number=CALLS, repeat=rounds)) / CALLS / BATCH * 1e6
 
     out = {name: round(per_job(fn), 3) for name, fn in stages().items()}
-    out["coordinator_total"] = round(sum(out.values()), 3)
+    out["coordinator_total"] = round(sum(v for k, v in out.items() if k != "unary_answer"), 3)
     out["client_job_spec"] = round(
         per_job(lambda: [job_spec("bench.noop", i) for i in range(BATCH)]), 3
     )
