@@ -18,9 +18,9 @@ _TIME_SHIFTS = range(40, -1, -10)
 #: them), as one tuple in a one-slot list: read and replaced whole, whatever thread calls.
 _last_time: list[tuple[int, str]] = [(-1, "")]
 #: How many IDs' random bits one read of the OS's random source makes. One ``os.urandom``
-#: per ID was a ``getrandom`` system call per job, which a profile of a coordinator serving
-#: SubmitJobs of 100 found at 12% of its busy time on an AMD EPYC machine (`bench/`'s
-#: ``coordinator_processes.py``); read 64 at a time, it is 1/64 of that.
+#: per ID was a ``getrandom`` system call per job: a native profile of a coordinator serving
+#: SubmitJobs of 100 put it at about a tenth of its busy samples, on an AMD EPYC machine (an
+#: upper bound: such profiles over-sample system calls). Read 64 at a time, it is 1/64 of that.
 _RANDOM_BATCH = 64
 #: Random 80-bit values made ahead, each taken once (``deque.popleft`` is atomic: two threads
 #: never get the same one). A forked child starts without them, or it would make the same IDs
