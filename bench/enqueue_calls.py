@@ -132,19 +132,29 @@ def report_head(schema: str, script: str) -> dict[str, Any]:
     }
 
 
+def write_report(
+    a: argparse.Namespace, schema: str, script: str, params: dict[str, Any], results: Any
+) -> dict[str, Any]:
+    """A measure's report (:func:`report_head`, its parameters and results), written as JSON
+    to ``--out`` when given."""
+    report = {**report_head(schema, script), "params": params, "results": results}
+    if a.out:
+        a.out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=50_000, help="jobs per round and shape")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per shape (median kept)")
     a = parse_args(ap)
-    report: dict[str, Any] = {
-        **report_head("shardq-enqueue-calls/1", "bench/enqueue_calls.py"),
-        "params": {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH},
-        "results": measure(a.jobs, a.rounds),
-    }
-    text = json.dumps(report, indent=1)
-    if a.out:
-        a.out.write_text(text + "\n")
+    report = write_report(
+        a,
+        "shardq-enqueue-calls/1",
+        "bench/enqueue_calls.py",
+        {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH},
+        measure(a.jobs, a.rounds),
+    )
     for name, r in report["results"].items():
         print(f"{name:32} {r['commands_per_job']:6.2f} commands/job  "
               f"{r['script_us_per_job']:6.2f} µs/job")  # fmt: skip

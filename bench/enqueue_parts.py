@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import uuid
@@ -33,7 +32,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from enqueue_calls import BATCH, parse_args, report_head  # noqa: E402
+from enqueue_calls import BATCH, parse_args, write_report  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
 from services import RedisServer  # noqa: E402
 from shardq_bench import first_installed  # noqa: E402
@@ -130,14 +129,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000, help="jobs per measure")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of every variant (median kept)")
     a = parse_args(ap)
-    report: dict[str, Any] = {
-        **report_head("shardq-enqueue-parts/1", "bench/enqueue_parts.py"),
-        "params": {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH},
-        "results": measure(a.jobs, a.rounds),
-    }
-    text = json.dumps(report, indent=1)
-    if a.out:
-        a.out.write_text(text + "\n")
+    report = write_report(
+        a,
+        "shardq-enqueue-parts/1",
+        "bench/enqueue_parts.py",
+        {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH},
+        measure(a.jobs, a.rounds),
+    )
     for name, r in report["results"].items():
         print(f"{name:18} {r['script_us_per_job']:6.2f} µs/job  part {r['part_us_per_job']:6.2f}")
 
