@@ -44,24 +44,24 @@ from shardq.shard.scripts import source  # noqa: E402
 #: Each part: the text of ``enqueue.lua`` (with ``_lib.lua`` before it) that does it, and what
 #: stands in for it when it is taken out.
 PARTS: dict[str, tuple[str, str]] = {
-    "dedupe_key_read": (
-        "local seen = redis.call('GET', dkey)",
-        "local seen = false",
+    # One EXISTS of the request ID's dedupe key and of the job hash at its derived ID: for a
+    # new request ID (these jobs) neither exists, and nothing more is read.
+    "seen_check": (
+        "if redis.call('EXISTS', dkey, job_key) > 0 then",
+        "if false then",
     ),
     "derived_id_sha1": (
         "return string.sub(redis.sha1hex(t .. ':' .. rid), 1, 26)",
         "return string.sub(t .. ':' .. rid .. '00000000000000000000000000', 1, 26)",
     ),
-    "live_job_read": (
-        "live = redis.call('HMGET', k_job(id), 'd', 's')",
-        "live = {false, false}",
-    ),
     "job_hash_write": (
-        "redis.call('HSET', k_job(id), unpack(fields))",
+        "redis.call('HSET', job_key, unpack(fields))",
         "",
     ),
+    # The batch's ready jobs are gathered per ready list and pushed at the end, one RPUSH a
+    # list: taken out, the gathering (Lua) stays.
     "ready_push": (
-        "        push_ready(id, tenant, q, prio)\n",
+        "\npush_gathered()\n",
         "\n",
     ),
 }

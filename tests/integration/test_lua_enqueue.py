@@ -20,7 +20,7 @@ from shardq.shard import (
 )
 from shardq.shard.client import digest
 from shardq.shard.models import Failure
-from tests.support.shard import LEASE, NOW, WAKE, ready_alone
+from tests.support.shard import LEASE, NOW, WAKE, ready_alone, seed
 from tests.support.shard import job_hash as shard_job_hash
 from tests.support.state import dump, ttls
 
@@ -226,6 +226,60 @@ async def test_large_batches_are_split_and_all_land(
     assert all(r.code is ItemCode.OK for r in results)
     assert await redis.llen("sq:ready:acme:default:0") == count
     assert await redis.hget("sq:counts:acme", "ready") == str(count).encode()
+
+
+async def test_one_batch_over_tenants_queues_and_priorities_fills_each_list_in_order(
+    shard: ShardClient, redis: Redis
+) -> None:
+    """A batch's ready jobs are pushed a list at a time: each list still gets its jobs in
+    the batch's order, and each queue's ring the tenants in the order of their first ready
+    job there; a list that had jobs before gets the new ones after them."""
+    await seed(shard, redis, job("beta", "r0", job_id="B0", queue="mail"))
+    specs = [
+        ("acme", "r1", "A1", "mail", 3),
+        ("beta", "r1", "B1", "mail", 0),
+        ("acme", "r2", "A2", "default", 0),
+        ("acme", "r3", "A3", "mail", 3),
+        ("cyan", "r1", "C1", "mail", 9),
+        ("acme", "r4", "A4", "mail", 0),
+        ("beta", "r2", "B2", "mail", 0),
+    ]
+    results = await shard.enqueue(
+        [job(t, rid, job_id=jid, queue=q, priority=pr) for t, rid, jid, q, pr in specs]
+    )
+    assert [r.code for r in results] == [ItemCode.OK] * len(specs)
+    state = await dump(redis)
+    assert {k: v for k, v in state.items() if k.startswith(("sq:ready:", "sq:qring:"))} == {
+        "sq:ready:acme:mail:3": ["A1", "A3"],
+        "sq:ready:acme:mail:0": ["A4"],
+        "sq:ready:acme:default:0": ["A2"],
+        "sq:ready:beta:mail:0": ["B0", "B1", "B2"],
+        "sq:ready:cyan:mail:9": ["C1"],
+        "sq:qring:mail": ["beta", "acme", "cyan"],
+        "sq:qring:default": ["acme"],
+    }
+    assert state["sq:tprio:acme:mail"] == [("0", 0), ("3", 3)]
+    assert state["sq:tqueues:acme"] == {"mail", "default"}
+    assert state["sq:tprio:cyan:mail"] == [("9", 9)]
+    assert {k: v for k, v in state.items() if k.startswith("sq:wake")} == {
+        "sq:wake:mail": ["1"],
+        "sq:wake:default": ["1"],
+    }
+
+
+async def test_more_ready_jobs_in_one_list_than_one_push_takes_all_land_in_order(
+    redis: Redis, clock: FakeClock
+) -> None:
+    """Past 1,000 jobs for one list in one script, the push goes in pieces: Lua's unpack
+    fails past ~8,000 values. A client whose batches are larger than the usual 500."""
+    n = 8_500
+    shard = ShardClient(redis, ShardSettings(key_prefix="sq", max_batch=n), clock)
+    results = await shard.enqueue([job(request_id=f"r{i}", job_id=f"J{i}") for i in range(n)])
+    assert all(r.code is ItemCode.OK for r in results)
+    assert await redis.lrange("sq:ready:acme:default:0", 0, -1) == [
+        f"J{i}".encode() for i in range(n)
+    ]
+    assert await redis.lrange("sq:qring:default", 0, -1) == [b"acme"]
 
 
 async def test_a_job_of_another_queue_waits_in_that_queues_list_and_ring(
