@@ -2,6 +2,7 @@
 part taken out at a time.
 
     python bench/enqueue_parts.py [--jobs 10000] [--rounds 5] [--out FILE.json]
+    python bench/enqueue_parts.py --instructions --jobs 2000 --rounds 1
 
 Batches of 100 ready jobs of one tenant (a ``SubmitJobs`` call), each job new, on a shard at
 the job format a first install gets, through ``ShardClient.enqueue``. A part is taken out by
@@ -15,6 +16,12 @@ the variants alternate within each round and the median of ``--rounds`` is kept.
 commands each variant ran per job are counted too (exact, whatever the machine). A
 ``redis-server`` of its own, flushed before each measure.
 
+``--instructions``: run the ``redis-server`` under valgrind's callgrind and count, instead of
+the µs, the instructions it runs per job over the batches (``instructions_per_job``, and each
+part's): reading the commands, the script, the replies. A count, not a time, but the same
+from one run to the next on a machine whose timings swing ±20%, so a change of a few percent
+shows (``--jobs 2000 --rounds 1`` is enough: callgrind runs Redis ~50x slower).
+
 ``--shardq-python``: run the measure with another checkout's venv (its shardq), to compare
 two commits; the JSON records the commit of the shardq measured.
 """
@@ -25,6 +32,7 @@ import argparse
 import asyncio
 import statistics
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,7 +42,7 @@ sys.path.insert(0, str(HERE))
 
 from enqueue_calls import BATCH, parse_args, write_report  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
-from services import RedisServer  # noqa: E402
+from services import Callgrind, RedisServer  # noqa: E402
 from shardq_bench import first_installed  # noqa: E402
 
 from shardq.shard.client import ShardClient  # noqa: E402
@@ -80,46 +88,64 @@ def variant_source(out: list[str]) -> str:
     return text
 
 
-async def one_measure(url: str, jobs: int, out: list[str]) -> tuple[float, float]:
-    """Redis' µs inside EVALSHA per job, and the commands the script ran per job, for the
-    script with the parts ``out`` taken out."""
-    redis = Redis.from_url(url)
+async def one_measure(
+    server: RedisServer, jobs: int, out: list[str], counter: Callgrind | None
+) -> tuple[float, float]:
+    """The cost per job of the script with the parts ``out`` taken out, and the commands it
+    ran per job. The cost: Redis' µs inside EVALSHA, or with ``counter`` the instructions
+    the whole server ran over the batches."""
+    redis = Redis.from_url(server.url)
     client = ShardClient(redis)
     client._scripts["enqueue"] = redis.register_script(variant_source(out))
+    assert server.proc is not None
     try:
         await redis.flushall()
-        await first_installed(url)
+        await first_installed(server.url)
         await client.enqueue([NewJob("warm", "noop", b"0", "warm")])  # loads the script
         await redis.config_resetstat()
+        if counter:
+            counter.zero(server.proc.pid)
         for _ in range(0, jobs, BATCH):
             await client.enqueue(
                 [NewJob("t0", "noop", b'{"n": 1}', uuid.uuid4().hex) for _ in range(BATCH)]
             )
+        # Counted before the INFO below, which is not the batches' work.
+        instructions = counter.read(server.proc.pid) if counter else 0
         stats = await redis.info("commandstats")
     finally:
         await redis.aclose()
     commands = sum(st["calls"] for name, st in stats.items() if name != "cmdstat_evalsha")
-    return float(stats["cmdstat_evalsha"]["usec"]) / jobs, commands / jobs
+    cost = instructions if counter else float(stats["cmdstat_evalsha"]["usec"])
+    return cost / jobs, commands / jobs
 
 
-def measure(jobs: int, rounds: int) -> dict[str, Any]:
+def measure(jobs: int, rounds: int, instructions: bool = False) -> dict[str, Any]:
     variants: dict[str, list[str]] = {"whole": [], **{p: [p] for p in PARTS}, ALL_OUT: [*PARTS]}
     got: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-    with RedisServer() as server:
-        for _ in range(rounds):
-            for name, out in variants.items():
-                got[name].append(asyncio.run(one_measure(server.url, jobs, out)))
-    whole = statistics.median(us for us, _ in got["whole"])
+    unit = "instructions_per_job" if instructions else "script_us_per_job"
+    with tempfile.TemporaryDirectory(prefix="shardq-callgrind-") as out_dir:
+        counter = Callgrind(out_dir) if instructions else None
+        # --hz 1: the server's timer work, which runs by the clock, not by the jobs, and
+        # callgrind's slowdown would multiply, at its least.
+        server = RedisServer(prefix=counter.prefix) if counter else RedisServer()
+        if counter:
+            server.args += ["--hz", "1"]
+        with server:
+            for _ in range(rounds):
+                for name, out in variants.items():
+                    got[name].append(asyncio.run(one_measure(server, jobs, out, counter)))
+    whole = statistics.median(cost for cost, _ in got["whole"])
+    digits = 0 if instructions else 2
     results: dict[str, Any] = {}
     for name, values in got.items():
-        median = statistics.median(us for us, _ in values)
+        median = statistics.median(cost for cost, _ in values)
         results[name] = {
-            "script_us_per_job": round(median, 2),
-            # What the part costs: the whole script's time minus the time without it.
-            "part_us_per_job": round(whole - median, 2),
+            unit: round(median, digits),
+            # What the part costs: the whole script's cost minus the cost without it.
+            "part_" + unit: round(whole - median, digits),
             # The Redis commands the script ran per job (exact: a part taken out shows here).
             "commands_per_job": round(statistics.median(c for _, c in values), 3),
-            "rounds": [round(us, 2) for us, _ in values],
+            "rounds": [round(cost, digits) for cost, _ in values],
         }
     return results
 
@@ -128,16 +154,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=10_000, help="jobs per measure")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of every variant (median kept)")
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count the server's instructions per job under callgrind instead of timing it",
+    )
     a = parse_args(ap)
     report = write_report(
         a,
         "shardq-enqueue-parts/1",
         "bench/enqueue_parts.py",
-        {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH},
-        measure(a.jobs, a.rounds),
+        {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH, "instructions": a.instructions},
+        measure(a.jobs, a.rounds, a.instructions),
     )
+    unit = "instructions_per_job" if a.instructions else "script_us_per_job"
     for name, r in report["results"].items():
-        print(f"{name:18} {r['script_us_per_job']:6.2f} µs/job  part {r['part_us_per_job']:6.2f}")
+        print(f"{name:18} {r[unit]:10.2f} {unit}  part {r['part_' + unit]:10.2f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -57,11 +58,13 @@ def _shardq_redis_server(binary: str) -> str:
 class RedisServer:
     """``redis-server`` with no persistence, on a free port, in a temporary directory."""
 
-    def __init__(self, binary: str = "redis-server"):
+    def __init__(self, binary: str = "redis-server", prefix: Sequence[str] = ()):
+        """``prefix``: a command that runs the server (``valgrind --tool=callgrind``)."""
         self.binary = shutil.which(binary) or _shardq_redis_server(binary)
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="shardq-bench-redis-")
         self.args = [
+            *prefix,
             self.binary,
             "--port",
             str(self.port),
@@ -85,7 +88,7 @@ class RedisServer:
     def __enter__(self) -> RedisServer:
         with open(os.path.join(self.dir, "redis.log"), "wb") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + (60 if self.args[0] != self.binary else 10)
         while True:
             try:
                 if self.command("PING") == "PONG":
@@ -125,6 +128,47 @@ class RedisServer:
     def flush(self) -> None:
         self.command("FLUSHALL")
         self.command("SCRIPT", "FLUSH")
+
+
+class Callgrind:
+    """Counts the instructions a process runs under valgrind's callgrind, between
+    :meth:`zero` and :meth:`read`: the same count for the same binary and inputs, whatever
+    else the machine is doing, where its timings here swing ±20% from one run to the next.
+
+    The process is started with :attr:`prefix` before its command; ``callgrind_control``
+    zeroes its counters and has it write them out (one file per dump, in ``out_dir``).
+    """
+
+    def __init__(self, out_dir: str):
+        for tool in ("valgrind", "callgrind_control"):
+            if shutil.which(tool) is None:
+                raise RuntimeError(f"no {tool} on PATH: apt-get install valgrind")
+        self.out_dir = out_dir
+        self.prefix = [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out_dir}/callgrind.%p",
+            # Counts only: no per-instruction or per-jump detail to write at each dump.
+            "--dump-instr=no",
+            "--collect-jumps=no",
+        ]
+
+    def _control(self, flag: str, pid: int) -> None:
+        subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True)
+
+    def zero(self, pid: int) -> None:
+        self._control("-z", pid)
+
+    def read(self, pid: int) -> int:
+        """The instructions run since the last :meth:`zero` (a dump of the counters)."""
+        self._control("-d", pid)
+        dumps = [p for p in os.listdir(self.out_dir) if p.startswith(f"callgrind.{pid}.")]
+        last = max(dumps, key=lambda p: int(p.rsplit(".", 1)[1]))
+        with open(os.path.join(self.out_dir, last)) as f:
+            for line in f:
+                if line.startswith("totals:"):
+                    return int(line.split()[1])
+        raise RuntimeError(f"{last}: a callgrind dump without totals")
 
 
 class PostgresServer:

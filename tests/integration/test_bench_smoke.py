@@ -186,6 +186,24 @@ def test_the_enqueue_parts_benchmark_takes_each_part_out(tmp_path: Path) -> None
         assert r["script_us_per_job"] > 0
 
 
+@pytest.mark.timeout(300)
+def test_the_enqueue_parts_benchmark_counts_the_servers_instructions(tmp_path: Path) -> None:
+    """``--instructions``: the same variants, Redis run under callgrind, counted in
+    instructions per job. A count, so two rounds agree closely, and each part taken out
+    leaves fewer (the SHA-1 and the HSET are thousands each)."""
+    results = _bench_json(
+        tmp_path, "enqueue_parts.py", "--instructions", "--jobs", "500", "--rounds", "2"
+    )["results"]
+    for name, r in results.items():
+        first, second = r["rounds"]
+        assert first == pytest.approx(second, rel=0.05), name
+        assert "script_us_per_job" not in r
+    whole = results["whole"]["instructions_per_job"]
+    for name in ("seen_check", "derived_id_sha1", "job_hash_write", "ready_push"):
+        assert 0 < results[name]["part_instructions_per_job"] < whole, name
+    assert results["all_parts_out"]["instructions_per_job"] < whole / 2 + whole / 4
+
+
 @pytest.mark.timeout(120)
 def test_the_redis_calls_benchmark_measures_both_connections(tmp_path: Path) -> None:
     """``bench/redis_calls.py`` at its smallest: the caller's CPU and wall time per command,
