@@ -37,6 +37,7 @@ from shardq.client import job_spec  # noqa: E402
 from shardq.common.redis import _HiredisPacking  # noqa: E402
 from shardq.coordinator import api, convert  # noqa: E402
 from shardq.coordinator.router import Submitted  # noqa: E402
+from shardq.shard import records  # noqa: E402
 from shardq.shard.client import ShardClient  # noqa: E402
 from shardq.shard.codes import ItemCode  # noqa: E402
 from shardq.shard.models import TenantLimits  # noqa: E402
@@ -83,6 +84,19 @@ def _unary_answers(outcomes: list[Any]) -> Callable[[], Any]:
     ]
 
 
+def _reply_reader(prepared: list[Any], now: int) -> Callable[[], list[Any]]:
+    """Reading ``enqueue.lua``'s reply for ``prepared``, each a job made ready, as this
+    checkout's script answers it: one flat list (the shard's now, then three entries a job),
+    or before that, a list of six values per job."""
+    if hasattr(records, "ENQUEUE_REPLY_STRIDE"):
+        flat: list[Any] = [now]
+        for j in prepared:
+            flat += [int(ItemCode.OK), j.job_id.encode(), now]
+        return lambda: EnqueueResult.from_reply(flat)
+    rows = [[int(ItemCode.OK), j.job_id.encode(), b"ready", 0, now, now] for j in prepared]
+    return lambda: [EnqueueResult.from_reply(r) for r in rows]
+
+
 def stages() -> dict[str, Callable[[], Any]]:
     """Each stage on one request's 100 jobs, its inputs made by the stage before."""
     specs = list(
@@ -112,15 +126,15 @@ def stages() -> dict[str, Callable[[], Any]]:
 
     args = argv()
     packer = _HiredisPacking.__new__(_HiredisPacking)  # pack_command uses no instance state
-    rows = [[int(ItemCode.OK), j.job_id.encode(), b"ready", 0, now, now] for j in prepared]
-    results = [EnqueueResult.from_reply(r) for r in rows]
+    read_reply = _reply_reader(prepared, now)
+    results = read_reply()
     outcomes = [Submitted(j, r, 0) for j, r in zip(prepared, results, strict=True)]
     return {
         "new_job": new_jobs,
         "prepare": prepare,
         "to_argv": argv,
         "pack": lambda: packer.pack_command("EVALSHA", "0" * 40, 0, *args),
-        "from_reply": lambda: [EnqueueResult.from_reply(r) for r in rows],
+        "from_reply": read_reply,
         "submitted": lambda: [Submitted(j, r, 0) for j, r in zip(prepared, results, strict=True)],
         "answer": _answer(outcomes),
         # Not a SubmitJobs stage: a unary SubmitJob's answer, per job (one per call).

@@ -325,8 +325,7 @@ class ShardClient:
             args: list[Any] = [now, self.settings.dedupe_ttl_ms, map_version]
             for job in prepared[i : i + step]:
                 args.extend(job.to_argv())
-            rows = await self._run("enqueue", [], args)
-            out.extend(EnqueueResult.from_reply(row) for row in rows)
+            out.extend(EnqueueResult.from_reply(await self._run("enqueue", [], args)))
         return out
 
     async def submit(self, job: NewJob) -> EnqueueResult:

@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import Any, Final, NamedTuple
 
 from shardq.shard.backoff import Backoff
-from shardq.shard.codes import CODES_BY_VALUE, ItemCode, item_code
+from shardq.shard.codes import ItemCode, item_code
 
 #: The queue of a job that names none; a job hash without field ``q`` is in it.
 DEFAULT_QUEUE: Final = "default"
@@ -291,13 +291,14 @@ def limit_defaults(
 #: ``enqueue.lua``'s per-job ARGV, in order: the fields of :class:`PreparedJob`.
 ENQUEUE_ARGV: Final = PreparedJob._fields
 ENQUEUE_STRIDE: Final = len(ENQUEUE_ARGV)
+#: Entries per job of ``enqueue.lua``'s reply, after its first (the shard's now).
+ENQUEUE_REPLY_STRIDE: Final = 3
 _RUN_AT: Final = ENQUEUE_ARGV.index("run_at_ms")
 
 
 class EnqueueResult(NamedTuple):
-    """``enqueue.lua``'s answer for one job:
-    ``{code, job_id, state, retry_after_ms, created_at_ms, run_at_ms}`` (a NamedTuple, as
-    :class:`PreparedJob`: one per submitted job)."""
+    """What ``enqueue.lua`` answers for one job (a NamedTuple, as :class:`PreparedJob`: one
+    per submitted job)."""
 
     code: ItemCode
     job_id: str
@@ -309,40 +310,40 @@ class EnqueueResult(NamedTuple):
     run_at_ms: int = 0
 
     @classmethod
-    def from_reply(cls, row: Sequence[Any]) -> EnqueueResult:
-        """One entry of ``enqueue.lua``'s reply."""
-        code, job_id, state, retry_after_ms, created_at_ms, run_at_ms = row
-        # The usual entry (RESP integers, and bytes where responses are not decoded) read
-        # inline, the tuple made without the NamedTuple's __new__: the helpers' and __new__'s
-        # calls were half of this, once per job of a SubmitJobs.
-        if (
-            type(code) is int
-            and 0 <= code < len(CODES_BY_VALUE)
-            and type(job_id) is bytes
-            and type(state) is bytes
-            and type(retry_after_ms) is int
-            and type(created_at_ms) is int
-            and type(run_at_ms) is int
-        ):
-            return _new_tuple(
-                cls,
-                (
-                    CODES_BY_VALUE[code],
-                    job_id.decode(),
-                    _STATE_OF_BYTES.get(state, JobState.UNKNOWN),
-                    retry_after_ms,
-                    created_at_ms,
-                    run_at_ms,
-                ),
+    def from_reply(cls, flat: Sequence[Any]) -> list[EnqueueResult]:
+        """Every job of ``enqueue.lua``'s flat reply, in order: the shard's now, then
+        :data:`ENQUEUE_REPLY_STRIDE` entries per job, ``code, job_id, x``, where ``x`` is the
+        run-at of a job made (OK: created now, scheduled when its run-at is after now), the
+        state of the first job (DEDUPLICATED, CONFLICT), or the ms to retry after (the
+        refusals; for STALE_MAP, the map version needed)."""
+        if len(flat) % ENQUEUE_REPLY_STRIDE != 1:
+            raise ValueError(
+                f"an enqueue reply of {len(flat)} entries is not the shard's now and "
+                f"{ENQUEUE_REPLY_STRIDE} per job"
             )
-        return cls(
-            item_code(code),
-            _text(job_id),
-            JobState.parse(state),
-            int(retry_after_ms),
-            int(created_at_ms),
-            int(run_at_ms),
-        )
+        now = int(flat[0])
+        out: list[EnqueueResult] = []
+        for i in range(1, len(flat), ENQUEUE_REPLY_STRIDE):
+            code, job_id, x = flat[i], flat[i + 1], flat[i + 2]
+            # The usual entry, a job made (RESP integers, and bytes where responses are not
+            # decoded), read inline and the tuple made without the NamedTuple's __new__: the
+            # helpers' and __new__'s calls were half of this, once per job of a SubmitJobs.
+            if type(code) is int and code == 0 and type(job_id) is bytes and type(x) is int:
+                state = JobState.SCHEDULED if x > now else JobState.READY
+                out.append(_new_tuple(cls, (ItemCode.OK, job_id.decode(), state, 0, now, x)))
+            else:
+                out.append(cls._entry(item_code(code), _text(job_id), x, now))
+        return out
+
+    @classmethod
+    def _entry(cls, code: ItemCode, job_id: str, x: Any, now: int) -> EnqueueResult:
+        if code is ItemCode.OK:
+            run_at = int(x)
+            state = JobState.SCHEDULED if run_at > now else JobState.READY
+            return cls(code, job_id, state, 0, now, run_at)
+        if code in (ItemCode.DEDUPLICATED, ItemCode.CONFLICT):
+            return cls(code, job_id, JobState.parse(x))
+        return cls(code, job_id, JobState.UNKNOWN, int(x))
 
     @property
     def accepted(self) -> bool:

@@ -47,16 +47,18 @@
 -- format's) or by a live job at its derived ID: for the window, and past it while its job has
 -- not ended. An ended job there whose key is gone (its window passed) is replaced by the new
 -- one (a dead one leaves dead:{t}), unless it still waits on the outbox for its row.
--- Returns  one {code, job_id, state, retry_after_ms, created_at_ms, run_at_ms} per job, in
---          order (EnqueueResult); job_id is the hash's key, state its 's' ('' when there is no
---          job), created_at_ms and run_at_ms its 'ca' and 'ra' when this call made it (OK),
---          else 0:
---   OK | DEDUPLICATED (job_id of the first job, its state or '' if it expired)
---   | CONFLICT (same request_id, other handler/payload; job_id of the first)
---   | OVER_QUOTA (max_pending or max_pending_bytes reached; retry_after_ms = 1000)
---   | RATE_LIMITED (retry_after_ms: until the bucket holds a token)
+-- Returns  one flat list (EnqueueResult.from_reply): the shard's now (ms), then three entries
+--          per job, in order: code, job_id (the hash's key; '' when there is no job), and
+--   OK: the run-at of the job this call made ('ra'); its 'ca' is now, its state 'scheduled'
+--       when the run-at is after now, else 'ready'
+--   | DEDUPLICATED (job_id of the first job): its state, or '' if it expired
+--   | CONFLICT (same request_id, other handler/payload; job_id of the first): its state
+--   | OVER_QUOTA (max_pending or max_pending_bytes reached): the ms to retry after, 1000
+--   | RATE_LIMITED: the ms to retry after, until the bucket holds a token
 --   | STALE_MAP for every job when map_version is below the shard's map fence (a tenant is
---     moving off this shard): nothing written; retry_after_ms holds the version needed
+--     moving off this shard): nothing written; the map version needed
+--   Flat, and three entries where a job made here has six values: a table per job and its
+--   six values were 6% of the server's instructions per job (bench/enqueue_parts.py).
 local now = shard_now(ARGV[1])
 -- Times go to Redis as strings made here: a Lua number given to redis.call is written out by
 -- Redis with snprintf("%.17g"), which was 8% of the whole server's instructions per job for
@@ -66,14 +68,16 @@ local ttl = tonumber(ARGV[2])
 local map_version = tonumber(ARGV[3])
 local STRIDE = 15
 local FIRST = 4
-local out = {}
+local out = {now}
 
 -- The shard's map fence and job format, in one read.
 local shard_state = redis.call('MGET', k_map_fence(), k_job_format())
 if map_version > 0 then
   local needed = tonumber(shard_state[1] or '0')
   if map_version < needed then
-    for _ = FIRST, #ARGV, STRIDE do out[#out + 1] = {STALE_MAP, '', '', needed, 0, 0} end
+    for _ = FIRST, #ARGV, STRIDE do
+      out[#out + 1], out[#out + 2], out[#out + 3] = STALE_MAP, '', needed
+    end
     return out
   end
 end
@@ -191,23 +195,22 @@ for i = FIRST, #ARGV, STRIDE do
     seen = redis.call('GET', dkey)
     job_key = k_job(id)
   end
-  local result
+  local code, job_id, x -- this job's three entries of the reply
   if seen then
     local first_id, first_digest = string.match(seen, '^(%S+) (%S+)$')
-    local code = CONFLICT
+    code, job_id = CONFLICT, first_id
     if first_digest == digest then code = DEDUPLICATED end
-    result = {code, first_id, redis.call('HGET', k_job(first_id), 's') or '', 0, 0, 0}
+    x = redis.call('HGET', k_job(first_id), 's') or ''
   elseif live and live[2] then
-    local code = CONFLICT
+    code, job_id, x = CONFLICT, id, live[2]
     if live[1] == digest then code = DEDUPLICATED end
-    result = {code, id, live[2], 0, 0, 0}
   elseif over_quota(tenant, counts, max_pending, max_bytes, #payload) then
-    result = {OVER_QUOTA, '', '', 1000, 0, 0}
+    code, job_id, x = OVER_QUOTA, '', 1000
   else
     local wait = 0
     if rate > 0 then wait = take_token(tenant, rate, burst) end
     if wait > 0 then
-      result = {RATE_LIMITED, '', '', wait, 0, 0}
+      code, job_id, x = RATE_LIMITED, '', wait
     else
       if not folded then
         local window = tonumber(l[5])
@@ -258,10 +261,10 @@ for i = FIRST, #ARGV, STRIDE do
       end
       m[state] = m[state] + 1
       add_bytes(tenant, #payload)
-      result = {OK, id, state, 0, now, run_at}
+      code, job_id, x = OK, id, run_at
     end
   end
-  out[#out + 1] = result
+  out[#out + 1], out[#out + 2], out[#out + 3] = code, job_id, x
 end
 for tenant, m in pairs(made) do
   local counts = k_counts(tenant)

@@ -220,42 +220,61 @@ def test_enqueue_lua_reads_the_fields_in_the_order_to_argv_writes_them() -> None
 
 
 def test_an_enqueue_reply_carries_the_times_of_a_job_it_made() -> None:
-    made = EnqueueResult.from_reply([0, b"J1", b"scheduled", 0, 1_000, 1_500])
+    # The shard's now (1,000), then code, job ID and one value per job.
+    made, due, again, limited = EnqueueResult.from_reply(
+        [1_000, 0, b"J1", 1_500, 0, b"J2", 1_000, 1, b"J1", b"", 4, b"", 250]
+    )
     assert made == EnqueueResult(ItemCode.OK, "J1", JobState.SCHEDULED, 0, 1_000, 1_500)
-    again = EnqueueResult.from_reply([1, b"J1", b"", 0, 0, 0])
+    # Due at the shard's now (or before): ready.
+    assert due == EnqueueResult(ItemCode.OK, "J2", JobState.READY, 0, 1_000, 1_000)
     assert (again.code, again.state, again.created_at_ms) == (ItemCode.DEDUPLICATED, "", 0)
     assert again.accepted and again.deduplicated
-    limited = EnqueueResult.from_reply([4, b"", b"", 250, 0, 0])
-    assert (limited.accepted, limited.retry_after_ms) == (False, 250)
+    assert (limited.accepted, limited.retry_after_ms, limited.job_id) == (False, 250, "")
+
+
+def test_an_enqueue_reply_of_no_job_is_the_shards_now_alone() -> None:
+    assert EnqueueResult.from_reply([1_000]) == []
+
+
+@pytest.mark.parametrize("flat", [[], [1_000, 0, b"J1"], [1_000, 0, b"J1", 1_500, 0]])
+def test_an_enqueue_reply_cut_short_is_an_error(flat: list[Any]) -> None:
+    with pytest.raises(ValueError, match="3 per job"):
+        EnqueueResult.from_reply(flat)
 
 
 @pytest.mark.parametrize(
-    "row",
+    "entry",
     [
-        [0, b"J1", b"scheduled", 0, 1_000, 1_500],
-        [1, b"J1", b"", 0, 0, 0],
-        [2, b"J2", b"succeeded", 0, 0, 0],
-        [4, b"", b"", 250, 0, 0],
-        [10, b"", b"", 7, 0, 0],
-        [0, b"J3", b"a-state-no-script-writes", 0, 1, 2],
+        [0, b"J1", 1_500],
+        [0, b"J1", 900],
+        [1, b"J1", b""],
+        [2, b"J2", b"succeeded"],
+        [1, b"J3", b"a-state-no-script-writes"],
+        [3, b"", 1_000],
+        [4, b"", 250],
+        [10, b"", 7],
     ],
 )
-def test_an_enqueue_reply_reads_the_same_as_bytes_decoded_or_as_text(row: list[Any]) -> None:
-    # hiredis answers integers and bytes (read inline); decoded responses and integers sent
-    # as text take the general path: one answer either way.
-    as_bytes = EnqueueResult.from_reply(row)
-    decoded = EnqueueResult.from_reply([v.decode() if isinstance(v, bytes) else v for v in row])
-    as_text = EnqueueResult.from_reply([str(v).encode() if isinstance(v, int) else v for v in row])
+def test_an_enqueue_reply_reads_the_same_as_bytes_decoded_or_as_text(entry: list[Any]) -> None:
+    # hiredis answers integers and bytes (a job made is read inline); decoded responses and
+    # integers sent as text take the general path: one answer either way.
+    flat = [1_000, *entry]
+    (as_bytes,) = EnqueueResult.from_reply(flat)
+    (decoded,) = EnqueueResult.from_reply([v.decode() if isinstance(v, bytes) else v for v in flat])
+    (as_text,) = EnqueueResult.from_reply(
+        [str(v).encode() if isinstance(v, int) else v for v in flat]
+    )
     assert as_bytes == decoded == as_text
     assert [type(v) for v in as_bytes] == [type(v) for v in decoded] == [type(v) for v in as_text]
     assert type(as_bytes) is EnqueueResult and type(as_bytes.code) is ItemCode
+    assert type(as_bytes.state) is JobState
 
 
 @pytest.mark.parametrize("code", [-1, len(ItemCode), 99])
 def test_an_enqueue_reply_with_a_code_no_script_answers_is_an_error(code: int) -> None:
-    for row in ([code, b"J1", b"ready", 0, 0, 0], [str(code).encode(), b"J1", b"ready", 0, 0, 0]):
+    for entry in ([code, b"J1", b"ready"], [str(code).encode(), b"J1", b"ready"]):
         with pytest.raises(ValueError, match="not a valid ItemCode"):
-            EnqueueResult.from_reply(row)
+            EnqueueResult.from_reply([1_000, *entry])
 
 
 def test_a_record_of_a_new_job_is_what_enqueue_lua_writes() -> None:
