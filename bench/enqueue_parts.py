@@ -63,7 +63,7 @@ PARTS: dict[str, tuple[str, str]] = {
         "return string.sub(t .. ':' .. rid .. '00000000000000000000000000', 1, 26)",
     ),
     "job_hash_write": (
-        "redis.call('HSET', job_key, unpack(fields))",
+        "redis.call('HSET', job_key, unpack(fields, 1, n))",
         "",
     ),
     # The batch's ready jobs are gathered per ready list and pushed at the end, one RPUSH a
