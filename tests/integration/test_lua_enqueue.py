@@ -195,6 +195,36 @@ async def test_the_quota_counts_the_jobs_made_earlier_in_the_same_batch(
     }
 
 
+async def test_each_job_of_a_batch_is_held_to_its_own_tenants_limits_and_defaults(
+    shard: ShardClient,
+) -> None:
+    """The limits in force are worked out once per tenant and defaults of a batch: a batch
+    over two tenants, one with a quota of its own on the shard, and jobs sent with two
+    defaults, is judged job by job."""
+    await shard.set_limits("acme", TenantLimits(max_pending=1))
+    one, none = TenantLimits(max_pending=1), TenantLimits()
+    results = await shard.enqueue(
+        [
+            job("acme", "r1", job_id="A1", limits=none),
+            job("beta", "r1", job_id="B1", limits=none),
+            job("acme", "r2", job_id="A2", limits=none),  # acme's own quota: 1
+            job("beta", "r2", job_id="B2", limits=one),  # these defaults: 1
+            job("beta", "r3", job_id="B3", limits=none),  # none: no quota
+            job("cyan", "r1", job_id="C1", limits=one),
+            job("cyan", "r2", job_id="C2", limits=none),
+        ]
+    )
+    assert [r.code for r in results] == [
+        ItemCode.OK,
+        ItemCode.OK,
+        ItemCode.OVER_QUOTA,
+        ItemCode.OVER_QUOTA,
+        ItemCode.OK,
+        ItemCode.OK,
+        ItemCode.OK,
+    ]
+
+
 async def test_rate_limit_refuses_past_the_burst_then_refills(
     shard: ShardClient, redis: Redis, clock: FakeClock
 ) -> None:

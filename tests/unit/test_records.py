@@ -216,7 +216,7 @@ def test_enqueue_lua_reads_the_fields_in_the_order_to_argv_writes_them() -> None
         assert field == (expected.value if expected else None), name
     assert f"local STRIDE = {ENQUEUE_STRIDE}" in lua("enqueue")
     # The code reads request_id as the third entry of a job, digest as the tenth.
-    assert "ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]" in lua("enqueue")
+    assert "argv[i], argv[i + 1], argv[i + 2], argv[i + 3], argv[i + 4]" in lua("enqueue")
 
 
 def test_an_enqueue_reply_carries_the_times_of_a_job_it_made() -> None:
