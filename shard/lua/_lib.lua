@@ -125,10 +125,8 @@ end
 -- Put a job on its tenant's delayed ZSET. At settle() the tenant goes on `due` by the earliest
 -- of its jobs put there, and the shard loop is woken if that is before every job it knew of.
 -- One ZSET entry per job: the shard-wide order is the tenants' (few) entries on `due`.
--- `run_at_s`: run_at as a string where the caller has one (Redis writes a Lua number out with
--- a costly snprintf: see enqueue.lua's now_s).
-local function push_scheduled(id, tenant, run_at, run_at_s)
-  redis.call('ZADD', k_tscheduled(tenant), run_at_s or run_at, id)
+local function push_scheduled(id, tenant, run_at)
+  redis.call('ZADD', k_tscheduled(tenant), run_at, id)
   local at = due_at[tenant]
   if at == nil or run_at < at then due_at[tenant] = run_at end
 end
@@ -200,8 +198,34 @@ local function gather_ready(id, t, q, prio)
   ids[#ids + 1] = id
 end
 
--- What push_ready does for each gathered job, a list at a time.
+-- Scheduled jobs of one script gathered per tenant, in the order the tenants are first met,
+-- and put on each tenant's delayed ZSET by push_gathered with one ZADD per tenant: what
+-- push_scheduled does, a ZSET at a time (a ZADD per job was 3% of the server's instructions
+-- per delayed job enqueue.lua makes). `run_at_s`: run_at as a string (see enqueue.lua's now_s).
+local gathered_scheduled = {}
+local gathered_scheduled_at = {} -- tenant -> entry of `gathered_scheduled`
+
+local function gather_scheduled(id, tenant, run_at, run_at_s)
+  local e = gathered_scheduled_at[tenant]
+  if not e then
+    e = {tenant, {}}
+    gathered_scheduled_at[tenant] = e
+    gathered_scheduled[#gathered_scheduled + 1] = e
+  end
+  local scored = e[2]
+  scored[#scored + 1], scored[#scored + 2] = run_at_s, id
+  local at = due_at[tenant]
+  if at == nil or run_at < at then due_at[tenant] = run_at end
+end
+
+-- What push_ready and push_scheduled do for each gathered job, a list or a ZSET at a time.
 local function push_gathered()
+  for _, e in ipairs(gathered_scheduled) do
+    local key, scored = k_tscheduled(e[1]), e[2]
+    for s = 1, #scored, 1000 do -- Lua's unpack has a limit
+      redis.call('ZADD', key, unpack(scored, s, math.min(s + 999, #scored)))
+    end
+  end
   for _, e in ipairs(gathered) do
     local t, q, prio, ids = e[1], e[2], e[3], e[4]
     local len = 0

@@ -270,7 +270,7 @@ for i = FIRST, #argv, STRIDE do
       if state == 'ready' then
         gather_ready(id, tenant, q, prio)
       else
-        push_scheduled(id, tenant, run_at, run_at_s)
+        gather_scheduled(id, tenant, run_at, run_at_s)
       end
       local m = made[tenant]
       if not m then

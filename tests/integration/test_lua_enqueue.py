@@ -312,6 +312,28 @@ async def test_more_ready_jobs_in_one_list_than_one_push_takes_all_land_in_order
     assert await redis.lrange("sq:qring:default", 0, -1) == [b"acme"]
 
 
+async def test_more_scheduled_jobs_of_one_tenant_than_one_zadd_takes_all_land(
+    redis: Redis, clock: FakeClock
+) -> None:
+    """A batch's scheduled jobs go on their tenant's delayed ZSET a tenant at a time, past
+    500 jobs in pieces (Lua's unpack fails past ~8,000 values, a score and an ID a job); the
+    tenant is due by its earliest."""
+    n = 4_100
+    shard = ShardClient(redis, ShardSettings(key_prefix="sq", max_batch=n), clock)
+    jobs = [job(request_id=f"r{i}", job_id=f"J{i}", run_at_ms=NOW + 10_000 - i) for i in range(n)]
+    results = await shard.enqueue([*jobs, job("beta", "r1", job_id="B1", delay_ms=60_000)])
+    assert all(r.code is ItemCode.OK and r.state == "scheduled" for r in results)
+    scheduled = await redis.zrange("sq:tscheduled:acme", 0, -1, withscores=True)
+    assert sorted(scheduled) == sorted((f"J{i}".encode(), NOW + 10_000 - i) for i in range(n))
+    assert await redis.zrange("sq:tscheduled:beta", 0, -1, withscores=True) == [
+        (b"B1", NOW + 60_000)
+    ]
+    assert await redis.zrange("sq:due", 0, -1, withscores=True) == [
+        (b"acme", NOW + 10_000 - (n - 1)),
+        (b"beta", NOW + 60_000),
+    ]
+
+
 async def test_a_job_of_another_queue_waits_in_that_queues_list_and_ring(
     shard: ShardClient, redis: Redis
 ) -> None:
