@@ -2,6 +2,7 @@
 
     python bench/enqueue_calls.py [--jobs 50000] [--rounds 2] [--out FILE.json]
     python bench/enqueue_calls.py --shardq-python /tmp/base/.venv/bin/python ...
+    python bench/enqueue_calls.py --instructions --jobs 2000 --rounds 1
 
 Batches of 100 (what ``SubmitJobs`` and the coordinator's coalescer send), ready or delayed an
 hour, in two shapes: every batch from one tenant (a ``SubmitJobs`` call: one token, one
@@ -9,6 +10,10 @@ tenant), and every batch over 100 tenants (the coalescer's mix of unary calls). 
 a script runs per job (``INFO commandstats``, EVALSHA itself left out) are exact, whatever the
 machine; the µs are Redis' own time in the script, noisy on a shared machine (medians of
 ``--rounds``). A ``redis-server`` of its own, flushed before each round.
+
+``--instructions``: the server runs under valgrind's callgrind and each shape is counted in
+the instructions it runs per job over the batches instead (as ``bench/enqueue_parts.py``'s):
+the same from one run to the next, so two commits compare in one pair of runs.
 
 ``--shardq-python``: run the measure with another checkout's venv (its shardq), to compare
 two commits in one run; the JSON records the commit of the shardq measured.
@@ -22,6 +27,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +38,7 @@ sys.path.insert(0, str(HERE))
 
 from op_costs import machine  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
-from services import RedisServer  # noqa: E402
+from services import Callgrind, RedisServer  # noqa: E402
 from shardq_bench import first_installed  # noqa: E402
 
 import shardq.shard.client  # noqa: E402
@@ -43,14 +49,23 @@ BATCH = 100
 SHAPES = {"one_tenant_per_batch": 1, "100_tenants_per_batch": 100}
 
 
-async def one_round(url: str, jobs: int, tenants_per_batch: int, delayed: bool) -> dict[str, float]:
-    redis = Redis.from_url(url)
+async def one_round(
+    server: RedisServer,
+    jobs: int,
+    tenants_per_batch: int,
+    delayed: bool,
+    counter: Callgrind | None = None,
+) -> dict[str, float]:
+    redis = Redis.from_url(server.url)
     client = ShardClient(redis)
+    assert server.proc is not None
     try:
         await redis.flushall()
-        await first_installed(url)
+        await first_installed(server.url)
         await client.enqueue([NewJob("warm", "noop", b"0", "warm")])  # loads the script
         await redis.config_resetstat()
+        if counter:
+            counter.zero(server.proc.pid)
         run_at = client.clock.now_ms() + 3_600_000 if delayed else None
         for lo in range(0, jobs, BATCH):
             await client.enqueue(
@@ -63,27 +78,36 @@ async def one_round(url: str, jobs: int, tenants_per_batch: int, delayed: bool) 
                     for i in range(BATCH)
                 ]
             )  # fmt: skip
+        # Counted before the INFO below, which is not the batches' work.
+        instructions = counter.read(server.proc.pid) if counter else 0
         stats = await redis.info("commandstats")
     finally:
         await redis.aclose()
     calls = sum(s["calls"] for name, s in stats.items() if name != "cmdstat_evalsha")
+    if counter:
+        return {"commands": calls / jobs, "instructions": instructions / jobs}
     return {"commands": calls / jobs, "script_us": stats["cmdstat_evalsha"]["usec"] / jobs}
 
 
-def measure(jobs: int, rounds: int) -> dict[str, Any]:
+def measure(jobs: int, rounds: int, instructions: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    with RedisServer() as server:
-        for shape, tenants in SHAPES.items():
-            for state in ("ready", "delayed"):
-                got = [
-                    asyncio.run(one_round(server.url, jobs, tenants, state == "delayed"))
-                    for _ in range(rounds)
-                ]
-                out[f"{shape}/{state}"] = {
-                    "commands_per_job": round(statistics.median(g["commands"] for g in got), 2),
-                    "script_us_per_job": round(statistics.median(g["script_us"] for g in got), 2),
-                    "rounds": [{k: round(v, 2) for k, v in g.items()} for g in got],
-                }
+    cost, unit, digits = ("script_us", "script_us_per_job", 2)
+    if instructions:
+        cost, unit, digits = ("instructions", "instructions_per_job", 0)
+    with tempfile.TemporaryDirectory(prefix="shardq-callgrind-") as out_dir:
+        counter = Callgrind(out_dir) if instructions else None
+        with counter.redis_server() if counter else RedisServer() as server:
+            for shape, tenants in SHAPES.items():
+                for state in ("ready", "delayed"):
+                    got = [
+                        asyncio.run(one_round(server, jobs, tenants, state == "delayed", counter))
+                        for _ in range(rounds)
+                    ]
+                    out[f"{shape}/{state}"] = {
+                        "commands_per_job": round(statistics.median(g["commands"] for g in got), 2),
+                        unit: round(statistics.median(g[cost] for g in got), digits),
+                        "rounds": [{k: round(v, 2) for k, v in g.items()} for g in got],
+                    }
     return out
 
 
@@ -147,17 +171,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=50_000, help="jobs per round and shape")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per shape (median kept)")
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count the server's instructions per job under callgrind instead of timing it",
+    )
     a = parse_args(ap)
     report = write_report(
         a,
         "shardq-enqueue-calls/1",
         "bench/enqueue_calls.py",
-        {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH},
-        measure(a.jobs, a.rounds),
+        {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH, "instructions": a.instructions},
+        measure(a.jobs, a.rounds, a.instructions),
     )
+    unit = "instructions_per_job" if a.instructions else "script_us_per_job"
     for name, r in report["results"].items():
-        print(f"{name:32} {r['commands_per_job']:6.2f} commands/job  "
-              f"{r['script_us_per_job']:6.2f} µs/job")  # fmt: skip
+        print(f"{name:32} {r['commands_per_job']:6.2f} commands/job  {r[unit]:10.2f} {unit}")
 
 
 if __name__ == "__main__":

@@ -125,12 +125,7 @@ def measure(jobs: int, rounds: int, instructions: bool = False) -> dict[str, Any
     unit = "instructions_per_job" if instructions else "script_us_per_job"
     with tempfile.TemporaryDirectory(prefix="shardq-callgrind-") as out_dir:
         counter = Callgrind(out_dir) if instructions else None
-        # --hz 1: the server's timer work, which runs by the clock, not by the jobs, and
-        # callgrind's slowdown would multiply, at its least.
-        server = RedisServer(prefix=counter.prefix) if counter else RedisServer()
-        if counter:
-            server.args += ["--hz", "1"]
-        with server:
+        with counter.redis_server() if counter else RedisServer() as server:
             for _ in range(rounds):
                 for name, out in variants.items():
                     got[name].append(asyncio.run(one_measure(server, jobs, out, counter)))

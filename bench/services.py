@@ -153,6 +153,14 @@ class Callgrind:
             "--collect-jumps=no",
         ]
 
+    def redis_server(self) -> RedisServer:
+        """A :class:`RedisServer` run under this counter, with ``--hz 1``: its timer work,
+        which runs by the clock, not by the commands, and which callgrind's slowdown would
+        multiply, at its least."""
+        server = RedisServer(prefix=self.prefix)
+        server.args += ["--hz", "1"]
+        return server
+
     def _control(self, flag: str, pid: int) -> None:
         subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True)
 

@@ -204,6 +204,32 @@ def test_the_enqueue_parts_benchmark_counts_the_servers_instructions(tmp_path: P
     assert results["all_parts_out"]["instructions_per_job"] < whole / 2 + whole / 4
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("instructions", [False, True], ids=["timed", "instructions"])
+def test_the_enqueue_calls_benchmark_measures_every_shape(
+    tmp_path: Path, instructions: bool
+) -> None:
+    """``bench/enqueue_calls.py`` at its smallest, timed and counted in instructions: each
+    shape (one tenant or 100 per batch, ready or delayed) with its commands per job."""
+    flag = ["--instructions"] if instructions else []
+    results = _bench_json(tmp_path, "enqueue_calls.py", *flag, "--jobs", "300", "--rounds", "1")[
+        "results"
+    ]
+    assert set(results) == {
+        f"{shape}/{state}"
+        for shape in ("one_tenant_per_batch", "100_tenants_per_batch")
+        for state in ("ready", "delayed")
+    }
+    unit = "instructions_per_job" if instructions else "script_us_per_job"
+    for r in results.values():
+        assert r[unit] > 0 and r["commands_per_job"] > 0
+    # A batch over 100 tenants costs each tenant its own keys and counts: more per job.
+    many, one = results["100_tenants_per_batch/ready"], results["one_tenant_per_batch/ready"]
+    assert many["commands_per_job"] > one["commands_per_job"]
+    if instructions:
+        assert many[unit] > one[unit]
+
+
 @pytest.mark.timeout(120)
 def test_the_redis_calls_benchmark_measures_both_connections(tmp_path: Path) -> None:
     """``bench/redis_calls.py`` at its smallest: the caller's CPU and wall time per command,
