@@ -284,13 +284,17 @@ for i = FIRST, #argv, STRIDE do
   end
   out[#out + 1], out[#out + 2], out[#out + 3] = code, job_id, x
 end
+-- The shard's tenant set gets the batch's tenants in one SADD: a batch of the coalescer's
+-- mixes up to one tenant per job.
+local tenants = {}
 for tenant, m in pairs(made) do
   local counts = k_counts(tenant)
   redis.call('HINCRBY', counts, 'submitted', m.ready + m.scheduled)
   if m.ready > 0 then redis.call('HINCRBY', counts, 'ready', m.ready) end
   if m.scheduled > 0 then redis.call('HINCRBY', counts, 'scheduled', m.scheduled) end
-  redis.call('SADD', k_tenants(), tenant)
+  tenants[#tenants + 1] = tenant
 end
+if #tenants > 0 then chunked('SADD', k_tenants(), tenants) end
 push_gathered()
 settle()
 return out

@@ -291,6 +291,7 @@ async def test_one_batch_over_tenants_queues_and_priorities_fills_each_list_in_o
     assert state["sq:tprio:acme:mail"] == [("0", 0), ("3", 3)]
     assert state["sq:tqueues:acme"] == {"mail", "default"}
     assert state["sq:tprio:cyan:mail"] == [("9", 9)]
+    assert state["sq:tenants"] == {"acme", "beta", "cyan"}
     assert {k: v for k, v in state.items() if k.startswith("sq:wake")} == {
         "sq:wake:mail": ["1"],
         "sq:wake:default": ["1"],
@@ -310,6 +311,17 @@ async def test_more_ready_jobs_in_one_list_than_one_push_takes_all_land_in_order
         f"J{i}".encode() for i in range(n)
     ]
     assert await redis.lrange("sq:qring:default", 0, -1) == [b"acme"]
+
+
+async def test_a_batch_of_more_tenants_than_one_sadd_takes_adds_them_all(
+    redis: Redis, clock: FakeClock
+) -> None:
+    """The batch's tenants join the shard's tenant set together, in pieces of 1,000."""
+    n = 1_100
+    shard = ShardClient(redis, ShardSettings(key_prefix="sq", max_batch=n), clock)
+    results = await shard.enqueue([job(f"t{i}", "r1", job_id=f"J{i}") for i in range(n)])
+    assert all(r.code is ItemCode.OK for r in results)
+    assert await redis.smembers("sq:tenants") == {f"t{i}".encode() for i in range(n)}
 
 
 async def test_more_scheduled_jobs_of_one_tenant_than_one_zadd_takes_all_land(
