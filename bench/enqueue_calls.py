@@ -61,6 +61,7 @@ async def one_round(
     assert server.proc is not None
     try:
         await redis.flushall()
+        await redis.script_flush()  # a fresh Lua VM: its garbage collector starts anew
         await first_installed(server.url)
         await client.enqueue([NewJob("warm", "noop", b"0", "warm")])  # loads the script
         await redis.config_resetstat()
