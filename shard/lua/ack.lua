@@ -14,7 +14,8 @@
 -- its payload leaves counts:{t} 'bytes'. A tenant parked at its max_active is un-parked (back
 -- on its rings, their workers woken) once below it.
 -- Returns  one code per pair: OK | CANCELLED (ended as cancelled) | STALE_LEASE
-local now, retention, dedupe_ttl = shard_now(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, retention, dedupe_ttl = shard_now(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local now_s = int_s(now)
 local out = {}
 for i = 4, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
@@ -26,12 +27,12 @@ for i = 4, #ARGV, 2 do
     local tenant = j[4]
     end_lease(id, tenant)
     if j[3] == '1' then
-      redis.call('HSET', job, 's', 'cancelled', 'fa', now)
+      redis.call('HSET', job, 's', 'cancelled', 'fa', now_s)
       to_outbox(id, now) -- its worker may have committed a succeeded row: the loop settles it
       out[#out + 1] = CANCELLED
     else
-      redis.call('HSET', job, 's', 'succeeded', 'fa', now)
-      redis.call('HINCRBY', k_counts(tenant), 'succeeded', 1)
+      redis.call('HSET', job, 's', 'succeeded', 'fa', now_s)
+      redis.call('HINCRBY', k_counts(tenant), 'succeeded', '1')
       out[#out + 1] = OK
     end
     redis.call('PEXPIRE', job, retention)

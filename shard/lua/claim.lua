@@ -52,6 +52,7 @@
 local now, lease_ms = shard_now(ARGV[1]), tonumber(ARGV[2])
 local max_jobs, worker = tonumber(ARGV[3]), ARGV[4]
 local deadline = now + lease_ms
+local now_s, deadline_s = int_s(now), int_s(deadline)
 local out = {}
 local claimed = 0
 -- Ring entries and job IDs passed over on the way (cancelled IDs, paused or parked tenants,
@@ -152,11 +153,13 @@ local function take(q, t, i, id, j)
   local at_once = (j[15] ~= 'd' and tonumber(j[14] or '0') == 0) and '1' or '0'
   -- A job promoted ahead (promote.lua's ahead_ms) starts on its run-at: its worker waits.
   local starts = math.max(now, tonumber(j[8]) or 0)
-  redis.call('HSET', job, 's', 'active', 'f', string.format('%d', fence), 'w', worker,
-    'sa', starts, 'at', attempts)
+  local starts_s = now_s
+  if starts > now then starts_s = int_s(starts) end
+  redis.call('HSET', job, 's', 'active', 'f', int_s(fence), 'w', worker, 'sa', starts_s,
+    'at', int_s(attempts))
   if j[2] then redis.call('HDEL', job, 'xw', 'xu') end
-  redis.call('ZADD', KEYS[3], deadline, id)
-  redis.call('ZADD', k_tactive(t), now, id)
+  redis.call('ZADD', KEYS[3], deadline_s, id)
+  redis.call('ZADD', k_tactive(t), now_s, id)
   taken[t] = (taken[t] or 0) + 1
   if i.cap > 0 then
     i.active = i.active + 1
@@ -258,7 +261,7 @@ while claimed < max_jobs and skipped < MAX_SKIP and #queues > 0 do
   end
 end
 
-if fence then redis.call('SET', KEYS[2], string.format('%d', fence)) end
+if fence then redis.call('SET', KEYS[2], int_s(fence)) end
 for t, n in pairs(taken) do
   redis.call('HINCRBY', k_counts(t), 'ready', -n)
   redis.call('HINCRBY', k_counts(t), 'active', n)

@@ -15,7 +15,7 @@
 -- Returns  one code per triple: OK | CANCEL_REQUESTED (lease extended; the job was cancelled,
 --          stop it) | STALE_LEASE (the lease is lost: stop the handler, record nothing)
 local now = shard_now(ARGV[1])
-local deadline = now + tonumber(ARGV[2])
+local deadline = int_s(now + tonumber(ARGV[2]))
 local out = {}
 for i = 3, #ARGV, 3 do
   local id, fence, progress = ARGV[i], ARGV[i + 1], ARGV[i + 2]
