@@ -230,6 +230,17 @@ def test_the_enqueue_calls_benchmark_measures_every_shape(
         assert many[unit] > one[unit]
 
 
+@pytest.mark.timeout(300)
+def test_the_script_instructions_benchmark_counts_every_step(tmp_path: Path) -> None:
+    """``bench/script_instructions.py`` at its smallest: each step on a job's way counted,
+    and a step of a batch's jobs costs thousands of instructions a job, not millions (each
+    step is counted apart)."""
+    results = _bench_json(tmp_path, "script_instructions.py", "--jobs", "500")["results"]
+    assert set(results) == {"enqueue", "claim", "heartbeat", "ack"}
+    for name, n in results.items():
+        assert 5_000 < n < 1_000_000, name
+
+
 @pytest.mark.timeout(120)
 def test_the_redis_calls_benchmark_measures_both_connections(tmp_path: Path) -> None:
     """``bench/redis_calls.py`` at its smallest: the caller's CPU and wall time per command,
