@@ -3,6 +3,7 @@
     python bench/enqueue_calls.py [--jobs 50000] [--rounds 2] [--out FILE.json]
     python bench/enqueue_calls.py --shardq-python /tmp/base/.venv/bin/python ...
     python bench/enqueue_calls.py --instructions --jobs 2000 --rounds 1
+    python bench/enqueue_calls.py --instructions --jobs 300 --rounds 1 --batch 1
 
 Batches of 100 (what ``SubmitJobs`` and the coordinator's coalescer send), ready or delayed an
 hour, in two shapes: every batch from one tenant (a ``SubmitJobs`` call: one token, one
@@ -55,6 +56,7 @@ async def one_round(
     tenants_per_batch: int,
     delayed: bool,
     counter: Callgrind | None = None,
+    batch: int = BATCH,
 ) -> dict[str, float]:
     redis = Redis.from_url(server.url)
     client = ShardClient(redis)
@@ -68,15 +70,15 @@ async def one_round(
         if counter:
             counter.zero(server.proc.pid)
         run_at = client.clock.now_ms() + 3_600_000 if delayed else None
-        for lo in range(0, jobs, BATCH):
+        for lo in range(0, jobs, batch):
             await client.enqueue(
                 [
                     NewJob(
-                        f"t{(lo // BATCH + i) % tenants_per_batch}" if tenants_per_batch > 1
-                        else f"t{(lo // BATCH) % 100}",
+                        f"t{(lo // batch + i) % tenants_per_batch}" if tenants_per_batch > 1
+                        else f"t{(lo // batch) % 100}",
                         "noop", b"0", uuid.uuid4().hex, run_at_ms=run_at,
                     )
-                    for i in range(BATCH)
+                    for i in range(batch)
                 ]
             )  # fmt: skip
         # Counted before the INFO below, which is not the batches' work.
@@ -90,7 +92,9 @@ async def one_round(
     return {"commands": calls / jobs, "script_us": stats["cmdstat_evalsha"]["usec"] / jobs}
 
 
-def measure(jobs: int, rounds: int, instructions: bool = False) -> dict[str, Any]:
+def measure(
+    jobs: int, rounds: int, instructions: bool = False, batch: int = BATCH
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     cost, unit, digits = ("script_us", "script_us_per_job", 2)
     if instructions:
@@ -101,7 +105,9 @@ def measure(jobs: int, rounds: int, instructions: bool = False) -> dict[str, Any
             for shape, tenants in SHAPES.items():
                 for state in ("ready", "delayed"):
                     got = [
-                        asyncio.run(one_round(server, jobs, tenants, state == "delayed", counter))
+                        asyncio.run(
+                            one_round(server, jobs, tenants, state == "delayed", counter, batch)
+                        )
                         for _ in range(rounds)
                     ]
                     out[f"{shape}/{state}"] = {
@@ -173,6 +179,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=50_000, help="jobs per round and shape")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per shape (median kept)")
     ap.add_argument(
+        "--batch",
+        type=int,
+        default=BATCH,
+        help="jobs per script call (1: a unary SubmitJob the coalescer found alone; the "
+        "100-tenant shape then takes its tenants a call each, in turn)",
+    )
+    ap.add_argument(
         "--instructions",
         action="store_true",
         help="count the server's instructions per job under callgrind instead of timing it",
@@ -182,8 +195,8 @@ def main() -> None:
         a,
         "shardq-enqueue-calls/1",
         "bench/enqueue_calls.py",
-        {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH, "instructions": a.instructions},
-        measure(a.jobs, a.rounds, a.instructions),
+        {"jobs": a.jobs, "rounds": a.rounds, "batch": a.batch, "instructions": a.instructions},
+        measure(a.jobs, a.rounds, a.instructions, a.batch),
     )
     unit = "instructions_per_job" if a.instructions else "script_us_per_job"
     for name, r in report["results"].items():

@@ -215,6 +215,13 @@ def test_the_enqueue_calls_benchmark_measures_every_shape(
     results = _bench_json(tmp_path, "enqueue_calls.py", *flag, "--jobs", "300", "--rounds", "1")[
         "results"
     ]
+    # A call of one job pays the script's own commands (the shard's state, the tenant's
+    # limits and counts, ...) alone: more than a batch's per job, even of 100 tenants.
+    single = _bench_json(
+        tmp_path, "enqueue_calls.py", "--jobs", "20", "--rounds", "1", "--batch", "1"
+    )["results"]
+    for shape, r in single.items():
+        assert r["commands_per_job"] > 1.5 * results[shape]["commands_per_job"], shape
     assert set(results) == {
         f"{shape}/{state}"
         for shape in ("one_tenant_per_batch", "100_tenants_per_batch")
