@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import FakeClock, ItemCode, Lease, ShardClient
+from shardq.shard import FakeClock, ItemCode, Lease, ShardClient, TenantLimits
 from tests.support.shard import (
     LEASE,
     NOW,
@@ -101,6 +101,43 @@ async def test_one_ack_call_answers_every_lease_in_order(
         "sq:tenants": {"acme"},
         **dedupe("J1", "J2", "J3"),
     }
+
+
+async def test_one_ack_call_over_tenants_ends_each_tenants_jobs_and_unparks_it(
+    shard: ShardClient, redis: Redis, clock: FakeClock
+) -> None:
+    """The leases, the active sets and each tenant's counts change once per tenant at the
+    end of the call: still every job of every tenant, and a tenant parked at its max_active
+    is served again once below it."""
+    await shard.set_limits("beta", TenantLimits(max_active=2))
+    jobs = await claimed(
+        shard, redis, job("J1"), job("J2"), job("B1", "beta"), job("B2", "beta"), job("J3")
+    )
+    fence = {c.job_id: c.fence for c in jobs}
+    await shard.enqueue([job("B3", "beta")])  # waits: beta is parked at its 2 active jobs
+    assert await redis.smembers("sq:parked") == {b"beta"}
+    await shard.cancel("acme", "J2")
+    clock.set(DONE)
+    codes = await shard.ack(
+        [Lease(jid, fence[jid]) for jid in ("J1", "B1", "J2", "B2")] + [Lease("J3", fence["J1"])]
+    )
+    assert codes == [
+        ItemCode.OK,
+        ItemCode.OK,
+        ItemCode.CANCELLED,
+        ItemCode.OK,
+        ItemCode.STALE_LEASE,
+    ]
+    state = await dump(redis)
+    assert state["sq:leases"] == [("J3", NOW + LEASE)]
+    assert state["sq:tactive:acme"] == [("J3", NOW)]
+    assert "sq:tactive:beta" not in state
+    assert (state["sq:counts:acme"]["active"], state["sq:counts:acme"]["succeeded"]) == ("1", "1")
+    assert (state["sq:counts:beta"]["active"], state["sq:counts:beta"]["succeeded"]) == ("0", "2")
+    assert "sq:parked" not in state
+    assert state["sq:qring:default"] == ["beta"]  # back on the ring, with B3
+    (b3,) = await shard.claim("w2", 1, LEASE)
+    assert b3.job_id == "B3"
 
 
 async def test_an_ack_of_no_leases_sends_nothing(shard: ShardClient, redis: Redis) -> None:
