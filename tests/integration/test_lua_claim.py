@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import ClaimedJob, ShardClient, TenantLimits
+from shardq.shard import ClaimedJob, FakeClock, ShardClient, ShardSettings, TenantLimits
 from tests.support.shard import (
     LEASE,
     NOW,
@@ -355,3 +355,20 @@ async def test_a_waiting_claim_reloads_a_flushed_script_and_does_not_wait_again(
     async with asyncio.timeout(20):
         claimed = await shard.claim("w1", 5, LEASE, wait_s=60)
     assert [c.job_id for c in claimed] == ["J1"]
+
+
+async def test_a_claim_of_more_jobs_than_one_zadd_takes_leases_them_all(
+    redis: Redis, clock: FakeClock
+) -> None:
+    """A call's leases and active-set entries go in at its end, in pieces of 500 jobs (Lua's
+    unpack fails past ~8,000 values, a score and an ID a job): a claim of 4,100 (a client
+    whose batches are larger than the usual 500) leases each."""
+    n = 4_100
+    shard = ShardClient(redis, ShardSettings(key_prefix="sq", max_batch=n + 1), clock)
+    await seed(shard, redis, *(job(f"J{i}") for i in range(n)), job("B1", "beta"))
+    got = await shard.claim("w1", n + 1, LEASE)
+    assert len(got) == n + 1
+    assert await redis.zcard("sq:leases") == n + 1
+    assert await redis.zcard("sq:tactive:acme") == n
+    assert await redis.zrange("sq:tactive:beta", 0, -1, withscores=True) == [(b"B1", NOW)]
+    assert await redis.zscore("sq:leases", f"J{n - 1}") == NOW + LEASE
