@@ -60,9 +60,9 @@ local COMPACT_FORMAT = 2
 local FOLDED_FORMAT = 3
 
 -- A whole number (a time in ms, a count) as the string Redis would store for it. Given a Lua
--- number, redis.call writes it out with snprintf("%.17g"), which costs several times this: 4
--- of them per job were ~10% of the server's instructions per job of claim.lua and ack.lua
--- (bench/enqueue_parts.py --instructions measured it for enqueue.lua).
+-- number, redis.call writes it out with snprintf("%.17g"), which costs several times this:
+-- claim.lua's four per job were 7% of the server's instructions per claimed job, ack.lua's
+-- 10% per acked one (bench/script_instructions.py).
 local function int_s(n) return string.format('%d', n) end
 
 -- The ID of the job of (tenant, request_id) at FOLDED_FORMAT (records.derived_job_id).

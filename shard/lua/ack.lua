@@ -19,7 +19,7 @@ local now_s = int_s(now)
 local out = {}
 -- What end_lease (_lib.lua) and the 'succeeded' count do per job, done once per tenant at the
 -- end: the jobs each tenant ended here, in the order met, and how many succeeded. Per job,
--- the two ZREMs and two HINCRBYs were ~10% of the server's instructions per acked job
+-- the two ZREMs and two HINCRBYs were a fifth of the server's instructions per acked job
 -- (bench/script_instructions.py).
 local ended, ended_tenants = {}, {}
 for i = 4, #ARGV, 2 do

@@ -60,10 +60,10 @@
 --   Flat, and three entries where a job made here has six values: a table per job and its
 --   six values were 6% of the server's instructions per job (bench/enqueue_parts.py).
 local now = shard_now(ARGV[1])
--- Times go to Redis as strings made here: a Lua number given to redis.call is written out by
--- Redis with snprintf("%.17g"), which was 8% of the whole server's instructions per job for
--- 'ra' and 'ca' (bench/enqueue_parts.py --instructions). Every time here is a whole number.
-local now_s = string.format('%d', now)
+-- Times go to Redis as strings made here (int_s): a Lua number given to redis.call is written
+-- out by Redis with snprintf("%.17g"), which was 8% of the whole server's instructions per job
+-- for 'ra' and 'ca' (bench/enqueue_parts.py --instructions). Every time here is whole.
+local now_s = int_s(now)
 local ttl = tonumber(ARGV[2])
 local map_version = tonumber(ARGV[3])
 local STRIDE = 15
@@ -261,7 +261,7 @@ for i = FIRST, #argv, STRIDE do
       run_at, run_at_s = now, now_s
     else
       run_at = now + tonumber(delay)
-      run_at_s = string.format('%d', run_at)
+      run_at_s = int_s(run_at)
     end
   end
   local max_attempts, timeout_ms, digest, q = argv[i + 8], argv[i + 9], argv[i + 10], argv[i + 11]
