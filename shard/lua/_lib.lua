@@ -65,6 +65,17 @@ local FOLDED_FORMAT = 3
 -- 10% per acked one (bench/script_instructions.py).
 local function int_s(n) return string.format('%d', n) end
 
+-- The table under `key` in table `t`, made empty there if there is none: a script's
+-- per-tenant (per-queue, ...) gatherings.
+local function table_at(t, key)
+  local v = t[key]
+  if not v then
+    v = {}
+    t[key] = v
+  end
+  return v
+end
+
 -- The ID of the job of (tenant, request_id) at FOLDED_FORMAT (records.derived_job_id).
 local function derived_id(t, rid)
   return string.sub(redis.sha1hex(t .. ':' .. rid), 1, 26)
@@ -162,17 +173,21 @@ local function ring_tenant(t, q)
   if redis.call('SADD', k_inring(q), t) == 1 then redis.call('RPUSH', k_ring(q), t) end
 end
 
+-- A ready list that was empty has a job again: its priority joins the tenant's priorities in
+-- the queue (tprio), the queue the tenant's queues, and the tenant the queue's ring.
+local function list_started(t, q, prio)
+  redis.call('ZADD', k_tprio(t, q), prio, prio)
+  redis.call('SADD', k_tqueues(t), q)
+  ring_tenant(t, q)
+end
+
 -- Append a job to its tenant's ready list of its queue and priority. A list that was empty
 -- adds the priority to the tenant's priorities in the queue (tprio) and the queue to its
 -- queues (tqueues), and puts the tenant on the queue's ring (claim drops it lazily there if it
 -- is paused or parked).
 local function push_ready(id, t, q, prio)
   prio = prio or '0' -- a job hash without 'pr' is at priority 0
-  if redis.call('RPUSH', k_ready(t, q, prio), id) == 1 then
-    redis.call('ZADD', k_tprio(t, q), prio, prio)
-    redis.call('SADD', k_tqueues(t), q)
-    ring_tenant(t, q)
-  end
+  if redis.call('RPUSH', k_ready(t, q, prio), id) == 1 then list_started(t, q, prio) end
   to_wake[q] = true
 end
 

@@ -163,11 +163,7 @@ local function take(q, t, i, id, j)
     'at', int_s(attempts))
   if j[2] then redis.call('HDEL', job, 'xw', 'xu') end
   leased[#leased + 1], leased[#leased + 2] = deadline_s, id
-  local active = activated[t]
-  if not active then
-    active = {}
-    activated[t] = active
-  end
+  local active = table_at(activated, t)
   active[#active + 1], active[#active + 2] = now_s, id
   taken[t] = (taken[t] or 0) + 1
   if i.cap > 0 then

@@ -150,16 +150,7 @@ local gathered_at = {} -- tenant -> queue -> priority -> entry of `gathered`
 
 local function gather_ready(id, t, q, prio)
   prio = prio or '0'
-  local by_q = gathered_at[t]
-  if not by_q then
-    by_q = {}
-    gathered_at[t] = by_q
-  end
-  local by_prio = by_q[q]
-  if not by_prio then
-    by_prio = {}
-    by_q[q] = by_prio
-  end
+  local by_prio = table_at(table_at(gathered_at, t), q)
   local e = by_prio[prio]
   if not e then
     e = {t, q, prio, {}}
@@ -204,11 +195,7 @@ local function push_gathered()
     for s = 1, #ids, 1000 do -- Lua's unpack has a limit
       len = redis.call('RPUSH', k_ready(t, q, prio), unpack(ids, s, math.min(s + 999, #ids)))
     end
-    if len == #ids then -- the list was empty
-      redis.call('ZADD', k_tprio(t, q), prio, prio)
-      redis.call('SADD', k_tqueues(t), q)
-      ring_tenant(t, q)
-    end
+    if len == #ids then list_started(t, q, prio) end -- the list was empty
     to_wake[q] = true
   end
 end
@@ -231,11 +218,7 @@ end
 -- and tonumber calls were 3% of the server's instructions (bench/enqueue_parts.py).
 local in_force = {}
 local function limits_in_force(tenant, s)
-  local by_defaults = in_force[tenant]
-  if not by_defaults then
-    by_defaults = {}
-    in_force[tenant] = by_defaults
-  end
+  local by_defaults = table_at(in_force, tenant)
   local f = by_defaults[s]
   if not f then
     local l, dft = limits_of(tenant), defaults_of(s)
