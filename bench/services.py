@@ -130,6 +130,15 @@ class RedisServer:
         self.command("SCRIPT", "FLUSH")
 
 
+def _tool(name: str) -> str:
+    """``name`` on PATH, else where Debian's valgrind package puts it: a test run's PATH may
+    hold basic tools only (``.ci/fresh-machine``)."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/bin:/usr/local/bin")
+    if found is None:
+        raise RuntimeError(f"no {name} on PATH nor in /usr/bin: apt-get install valgrind")
+    return found
+
+
 class Callgrind:
     """Counts the instructions a process runs under valgrind's callgrind, between
     :meth:`zero` and :meth:`read`: the same count for the same binary and inputs, whatever
@@ -140,12 +149,11 @@ class Callgrind:
     """
 
     def __init__(self, out_dir: str):
-        for tool in ("valgrind", "callgrind_control"):
-            if shutil.which(tool) is None:
-                raise RuntimeError(f"no {tool} on PATH: apt-get install valgrind")
+        valgrind = _tool("valgrind")
+        self._callgrind_control = _tool("callgrind_control")
         self.out_dir = out_dir
         self.prefix = [
-            "valgrind",
+            valgrind,
             "--tool=callgrind",
             f"--callgrind-out-file={out_dir}/callgrind.%p",
             # Counts only: no per-instruction or per-jump detail to write at each dump.
@@ -162,7 +170,7 @@ class Callgrind:
         return server
 
     def _control(self, flag: str, pid: int) -> None:
-        subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True)
+        subprocess.run([self._callgrind_control, flag, str(pid)], check=True, capture_output=True)
 
     def zero(self, pid: int) -> None:
         self._control("-z", pid)
