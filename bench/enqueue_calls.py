@@ -50,6 +50,14 @@ BATCH = 100
 SHAPES = {"one_tenant_per_batch": 1, "100_tenants_per_batch": 100}
 
 
+async def fresh_shard(redis: Redis, url: str) -> None:
+    """The shard at ``url`` emptied, on a fresh Lua VM (where its garbage collector's cycles
+    fall would otherwise depend on the measures before), at a first install's job format."""
+    await redis.flushall()
+    await redis.script_flush()
+    await first_installed(url)
+
+
 async def one_round(
     server: RedisServer,
     jobs: int,
@@ -62,9 +70,7 @@ async def one_round(
     client = ShardClient(redis)
     assert server.proc is not None
     try:
-        await redis.flushall()
-        await redis.script_flush()  # a fresh Lua VM: its garbage collector starts anew
-        await first_installed(server.url)
+        await fresh_shard(redis, server.url)
         await client.enqueue([NewJob("warm", "noop", b"0", "warm")])  # loads the script
         await redis.config_resetstat()
         if counter:

@@ -40,10 +40,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from enqueue_calls import BATCH, parse_args, write_report  # noqa: E402
+from enqueue_calls import BATCH, fresh_shard, parse_args, write_report  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
 from services import Callgrind, RedisServer  # noqa: E402
-from shardq_bench import first_installed  # noqa: E402
 
 from shardq.shard.client import ShardClient  # noqa: E402
 from shardq.shard.models import NewJob  # noqa: E402
@@ -99,9 +98,7 @@ async def one_measure(
     client._scripts["enqueue"] = redis.register_script(variant_source(out))
     assert server.proc is not None
     try:
-        await redis.flushall()
-        await redis.script_flush()  # a fresh Lua VM: its garbage collector starts anew
-        await first_installed(server.url)
+        await fresh_shard(redis, server.url)
         await client.enqueue([NewJob("warm", "noop", b"0", "warm")])  # loads the script
         await redis.config_resetstat()
         if counter:

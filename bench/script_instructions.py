@@ -25,10 +25,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from enqueue_calls import parse_args, write_report  # noqa: E402
+from enqueue_calls import fresh_shard, parse_args, write_report  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
 from services import Callgrind, RedisServer  # noqa: E402
-from shardq_bench import first_installed  # noqa: E402
 
 from shardq.shard.client import ShardClient  # noqa: E402
 from shardq.shard.models import Lease, NewJob  # noqa: E402
@@ -45,9 +44,7 @@ async def count(server: RedisServer, counter: Callgrind, jobs: int) -> dict[str,
     redis = Redis.from_url(server.url)
     client = ShardClient(redis)
     try:
-        await redis.flushall()
-        await redis.script_flush()  # a fresh Lua VM: its garbage collector starts anew
-        await first_installed(server.url)
+        await fresh_shard(redis, server.url)
         # Each script loaded (and its first call's one-off work done) before counting.
         await client.enqueue([NewJob("warm", "noop", b"0", "warm")])
         (warm,) = await client.claim("w0", 1, LEASE_MS)
