@@ -1,7 +1,10 @@
--- Shared helpers, prepended to every script of this folder when it is registered (see
--- shard/scripts.py). KEYS[1] is always the key prefix plus ':' (Keys.base()); per-tenant and
--- per-queue keys that a script only discovers while it runs are derived from it here, spelled
--- exactly as in shard/keys.py (tests/unit/test_keys.py checks that both agree).
+-- Shared helpers: each script of this folder is sent with the definitions here that it uses,
+-- directly or through others, before it (shard/scripts.py, link). Each definition is one
+-- top-level `local` statement at the start of a line, with the comment lines just above it;
+-- a multi-line body is indented up to its `end`, with no blank line in it. KEYS[1] is always
+-- the key prefix plus ':' (Keys.base()); per-tenant and per-queue keys that a script only
+-- discovers while it runs are derived from it here, spelled exactly as in shard/keys.py
+-- (tests/unit/test_keys.py checks that both agree).
 local base = KEYS[1]
 local function k_job(id) return base .. 'job:' .. id end
 local function k_due() return base .. 'due' end

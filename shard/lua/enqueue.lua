@@ -139,8 +139,7 @@ end
 local ENDED = {succeeded = true, cancelled = true, dead = true}
 
 -- What push_ready and push_scheduled (_lib.lua) do, a batch at a time: here, not in _lib.lua,
--- since every script runs all of _lib.lua's definitions at each call and only this one uses
--- these.
+-- since only this script uses these.
 --
 -- Ready jobs of this script gathered per ready list, in the order the lists are first met, and
 -- pushed by push_gathered with one RPUSH per list: an RPUSH per job, with its key built, was
