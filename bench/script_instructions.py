@@ -2,10 +2,13 @@
 
     python bench/script_instructions.py [--jobs 2000] [--out FILE.json]
     python bench/script_instructions.py --shardq-python /tmp/base/.venv/bin/python ...
+    python bench/script_instructions.py --single --jobs 300
 
 One tenant's jobs, each new: enqueued in batches of 100 (a ``SubmitJobs`` call), claimed in
 batches of 100 (a worker's claim), their leases extended and then acked in batches of 500 (a
-worker's heartbeat and record batches), through ``ShardClient`` on a ``redis-server`` run
+worker's heartbeat and record batches), or with ``--single`` every step a job at a time (a
+unary ``SubmitJob`` the coalescer found alone, a worker that claims each job as it comes),
+through ``ShardClient`` on a ``redis-server`` run
 under valgrind's callgrind. Each step is counted apart, in the instructions the whole server
 runs over its calls (reading the commands, the scripts, the replies) per job: the same from
 one run to the next on a machine whose timings swing ±20%, so two commits compare in one pair
@@ -33,12 +36,17 @@ from shardq.shard.client import ShardClient  # noqa: E402
 from shardq.shard.models import Lease, NewJob  # noqa: E402
 from shardq.shard.records import ClaimedJob  # noqa: E402
 
-SUBMIT_BATCH, CLAIM_BATCH, RECORD_BATCH = 100, 100, 500
+#: A SubmitJobs call's, a worker's claim's, and its heartbeat and record batches' jobs.
+BATCHES = (100, 100, 500)
 LEASE_MS = 30_000
 
 
-async def count(server: RedisServer, counter: Callgrind, jobs: int) -> dict[str, float]:
-    """Instructions per job of each step, on a flushed server and a fresh Lua VM."""
+async def count(
+    server: RedisServer, counter: Callgrind, jobs: int, single: bool = False
+) -> dict[str, float]:
+    """Instructions per job of each step, on a flushed server and a fresh Lua VM; with
+    ``single``, every call of one job."""
+    submit_batch, claim_batch, record_batch = (1, 1, 1) if single else BATCHES
     assert server.proc is not None
     pid = server.proc.pid
     redis = Redis.from_url(server.url)
@@ -53,16 +61,16 @@ async def count(server: RedisServer, counter: Callgrind, jobs: int) -> dict[str,
         out: dict[str, float] = {}
 
         counter.zero(pid)
-        for _ in range(0, jobs, SUBMIT_BATCH):
+        for _ in range(0, jobs, submit_batch):
             await client.enqueue(
-                [NewJob("t0", "noop", b'{"n": 1}', uuid.uuid4().hex) for _ in range(SUBMIT_BATCH)]
+                [NewJob("t0", "noop", b'{"n": 1}', uuid.uuid4().hex) for _ in range(submit_batch)]
             )
         out["enqueue"] = counter.read(pid) / jobs
 
         counter.zero(pid)
         claimed: list[ClaimedJob] = []
         while len(claimed) < jobs:
-            got = await client.claim("w1", CLAIM_BATCH, LEASE_MS)
+            got = await client.claim("w1", claim_batch, LEASE_MS)
             if not got:
                 raise RuntimeError(f"claimed {len(claimed)} of {jobs} jobs")
             claimed += got
@@ -70,13 +78,13 @@ async def count(server: RedisServer, counter: Callgrind, jobs: int) -> dict[str,
 
         leases = [Lease(j.job_id, j.fence) for j in claimed]
         counter.zero(pid)
-        for i in range(0, jobs, RECORD_BATCH):
-            await client.heartbeat(leases[i : i + RECORD_BATCH], LEASE_MS)
+        for i in range(0, jobs, record_batch):
+            await client.heartbeat(leases[i : i + record_batch], LEASE_MS)
         out["heartbeat"] = counter.read(pid) / jobs
 
         counter.zero(pid)
-        for i in range(0, jobs, RECORD_BATCH):
-            codes = await client.ack(leases[i : i + RECORD_BATCH])
+        for i in range(0, jobs, record_batch):
+            codes = await client.ack(leases[i : i + record_batch])
             if any(c.name != "OK" for c in codes):
                 raise RuntimeError(f"an ack was refused: {codes}")
         out["ack"] = counter.read(pid) / jobs
@@ -85,30 +93,32 @@ async def count(server: RedisServer, counter: Callgrind, jobs: int) -> dict[str,
         await redis.aclose()
 
 
-def measure(jobs: int) -> dict[str, float]:
+def measure(jobs: int, single: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="shardq-callgrind-") as out_dir:
         counter = Callgrind(out_dir)
         with counter.redis_server() as server:
-            got = asyncio.run(count(server, counter, jobs))
+            got = asyncio.run(count(server, counter, jobs, single))
     return {name: round(n) for name, n in got.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=2_000, help="jobs through every step")
+    ap.add_argument("--single", action="store_true", help="every call of one job")
     a = parse_args(ap)
+    batches = (1, 1, 1) if a.single else BATCHES
     report = write_report(
         a,
         "shardq-script-instructions/1",
         "bench/script_instructions.py",
         {
             "jobs": a.jobs,
-            "submit_batch": SUBMIT_BATCH,
-            "claim_batch": CLAIM_BATCH,
-            "record_batch": RECORD_BATCH,
+            "submit_batch": batches[0],
+            "claim_batch": batches[1],
+            "record_batch": batches[2],
             "unit": "Redis instructions per job",
         },
-        measure(a.jobs),
+        measure(a.jobs, a.single),
     )
     for name, n in report["results"].items():
         print(f"{name:10} {n:10,} instructions/job")

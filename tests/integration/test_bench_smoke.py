@@ -246,6 +246,12 @@ def test_the_script_instructions_benchmark_counts_every_step(tmp_path: Path) -> 
     assert set(results) == {"enqueue", "claim", "heartbeat", "ack"}
     for name, n in results.items():
         assert 5_000 < n < 1_000_000, name
+    # A job at a time, each call's own cost (the command, the script's definitions) is the
+    # job's alone: every step costs more per job than in batches.
+    single = _bench_json(tmp_path, "script_instructions.py", "--single", "--jobs", "30")
+    assert single["params"]["submit_batch"] == 1
+    for name, n in single["results"].items():
+        assert results[name] < n < 1_000_000, name
 
 
 @pytest.mark.timeout(120)
