@@ -140,8 +140,10 @@ end
 -- holds only such jobs (and how many): they are passed over for the rest of the call.
 local avoided, stuck, n_stuck = {}, {}, {}
 
--- The fencing counter, read at the first claim and written back once at the end.
-local fence = nil
+-- The fencing counter: INCR at the first claim (a call of one job, the usual one at idle,
+-- writes it with that one command), counted on here and written back once at the end when the
+-- call claimed more than one job.
+local fence, first_fence = nil, nil
 -- Per tenant: jobs claimed in this call (its 'ready' and 'active' gauges change once, at the end).
 local taken = {}
 -- The claimed jobs' entries of the lease ZSET (deadline, ID, ...) and, per tenant, of its
@@ -151,7 +153,12 @@ local leased, activated = {}, {}
 
 local function take(q, t, i, id, j)
   local job = k_job(id)
-  fence = (fence or tonumber(redis.call('GET', KEYS[2]) or '0')) + 1
+  if fence then
+    fence = fence + 1
+  else
+    fence = redis.call('INCR', KEYS[2])
+    first_fence = fence
+  end
   local attempts = (tonumber(j[12]) or 0) + 1
   -- Read before this claim sets 'f': a job never claimed before has 'f' = 0 (enqueue.lua).
   local at_once = (j[15] ~= 'd' and tonumber(j[14] or '0') == 0) and '1' or '0'
@@ -266,7 +273,7 @@ while claimed < max_jobs and skipped < MAX_SKIP and #queues > 0 do
   end
 end
 
-if fence then redis.call('SET', KEYS[2], int_s(fence)) end
+if fence ~= first_fence then redis.call('SET', KEYS[2], int_s(fence)) end
 if #leased > 0 then chunked('ZADD', KEYS[3], leased) end
 for t, active in pairs(activated) do chunked('ZADD', k_tactive(t), active) end
 for t, n in pairs(taken) do

@@ -176,8 +176,7 @@ local function gather_scheduled(id, tenant, run_at, run_at_s)
   end
   local scored = e[2]
   scored[#scored + 1], scored[#scored + 2] = run_at_s, id
-  local at = due_at[tenant]
-  if at == nil or run_at < at then due_at[tenant] = run_at end
+  note_due(tenant, run_at)
 end
 
 -- What push_ready and push_scheduled do for each gathered job, a list or a ZSET at a time.

@@ -77,6 +77,23 @@ async def test_claim_gives_a_tenants_highest_priority_first_and_fences_grow(
     assert not [k for k in state if k.startswith((*READY_STRUCTURES, "sq:wake"))]
 
 
+async def test_fences_grow_by_one_over_claims_of_one_job_and_of_several(
+    shard: ShardClient, redis: Redis
+) -> None:
+    # A claim of one job takes its fence with one INCR; a claim of more counts on from it
+    # and writes the last back: no fence is given twice, none is skipped.
+    await seed(shard, redis, *(job(f"J{n}") for n in range(6)))
+    fences = [c.fence for c in await shard.claim("w1", 1, LEASE)]
+    assert (fences, await redis.get("sq:fence")) == ([1], b"1")
+    fences += [c.fence for c in await shard.claim("w1", 3, LEASE)]
+    assert (fences, await redis.get("sq:fence")) == ([1, 2, 3, 4], b"4")
+    fences += [c.fence for c in await shard.claim("w1", 1, LEASE)]
+    fences += [c.fence for c in await shard.claim("w1", 5, LEASE)]
+    assert (fences, await redis.get("sq:fence")) == ([1, 2, 3, 4, 5, 6], b"6")
+    assert await shard.claim("w1", 5, LEASE) == []  # nothing to claim: no fence taken
+    assert await redis.get("sq:fence") == b"6"
+
+
 async def test_jobs_of_one_tenant_and_priority_are_claimed_in_submission_order(
     shard: ShardClient, redis: Redis
 ) -> None:

@@ -380,6 +380,19 @@ async def test_one_batch_wakes_each_queue_it_made_ready_jobs_in_once(
     }
 
 
+async def test_wake_up_lists_hold_at_most_their_cap_however_many_calls_push(
+    shard: ShardClient, redis: Redis
+) -> None:
+    # A token per call, the list trimmed only once it passes the cap: 64 for a queue's idle
+    # workers (more would only cause empty claims), 1 for the shard loop.
+    for n in range(70):
+        await shard.enqueue([job(request_id=f"r{n}", job_id=f"J{n}")])
+        assert await redis.llen(WAKE) == min(n + 1, 64)
+    for n in range(3):
+        await shard.enqueue([job(request_id=f"d{n}", job_id=f"D{n}", delay_ms=1_000 - n)])
+        assert await redis.lrange("sq:promoter_wake", 0, -1) == [b"1"]
+
+
 async def test_the_payload_bytes_of_pending_jobs_are_counted_until_each_job_ends(
     shard: ShardClient, redis: Redis, clock: FakeClock
 ) -> None:
