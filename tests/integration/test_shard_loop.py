@@ -71,6 +71,29 @@ async def test_a_delayed_job_is_promoted_its_ahead_before_its_time_and_not_soone
         assert loop.role == "leader"
 
 
+async def test_jobs_due_a_ms_apart_are_promoted_a_quarter_window_at_a_time(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loop comes back for the next due job no sooner than a quarter of promote_ahead_ms
+    # after its last promote: 200 jobs due 1 ms apart take ~40 promotes of 5 ms of run-ats
+    # each (plus the wake-up of their enqueue), not one promote per job.
+    async with loop_running(redis, promote_ahead_ms=20) as loop:
+        calls = 0
+        promote = loop.shard.promote
+
+        async def counted(limit: int | None = None, ahead_ms: int = 0) -> tuple[int, int | None]:
+            nonlocal calls
+            calls += 1
+            return await promote(limit, ahead_ms)
+
+        monkeypatch.setattr(loop.shard, "promote", counted)
+        shard = ShardClient(redis, SETTINGS)
+        first = SystemClock().now_ms() + 500
+        done = await shard.enqueue([job(f"r{i}", run_at_ms=first + i) for i in range(200)])
+        await wait_for_state(shard, done[-1].job_id, "ready", timeout_s=10)
+        assert 0 < calls <= 60
+
+
 async def test_an_earlier_job_wakes_a_loop_sleeping_until_a_later_one(
     redis: Redis, running_loop: ShardLoop
 ) -> None:
