@@ -7,8 +7,10 @@ When it starts leading it also converts what a shard written by an earlier shard
 in the previous key layout (``upgrade_layout.lua``: ready lists without queues, rings per
 priority, the weights hash), alongside the rest; ``promote.lua`` itself moves the shard-wide
 delayed ZSET of the layout before ``due`` as it goes. It
-sleeps exactly until the next due job or cron tick, and wakes at once when an earlier job is
-scheduled (``enqueue``/``fail`` push a token on ``promoter_wake``). A standby retries the lease
+sleeps until the next due job enters its promote-ahead window (but for a quarter of that
+window after each promote) or the next cron tick, and wakes at once when an earlier job or
+tick is scheduled (``enqueue``/``fail``/``schedule_upsert`` push a token on
+``promoter_wake``). A standby retries the lease
 every third of its TTL, so it takes over within ~1.3 TTL of the leader dying. Promotion is
 idempotent, so two leaders for a moment (a paused process whose lease ran out) do no harm.
 """
@@ -222,14 +224,30 @@ class ShardLoop:
         s = self.settings
         ahead = max(0, s.promote_ahead_ms)
         step = ahead // 4
+        next_tick: int | None = None
+        cron_read_at: int | None = None  # None: read the cron ZSET at the next turn
         while True:
+            woken = self._wake.is_set()
             self._wake.clear()
             try:
                 promoted, next_due = await self.shard.promote(ahead_ms=ahead)
                 self.metrics.promoted.inc(promoted)
-                next_tick = await self._fire_cron()
+                # The cron ZSET is read again when a tick is due, when woken (a schedule with
+                # the earliest tick pushes a wake-up: schedule_upsert.lua, move_in.lua) and at
+                # least every max_idle_ms; not at every promote: two round trips each, which
+                # a stream of due jobs would otherwise pay every few ms.
+                now = self.shard.clock.now_ms()
+                if (
+                    woken
+                    or cron_read_at is None
+                    or now - cron_read_at >= s.max_idle_ms
+                    or (next_tick is not None and now >= next_tick)
+                ):
+                    next_tick = await self._fire_cron()
+                    cron_read_at = now
             except RedisError as exc:
                 log.warning("promote failed: %s", exc)
+                cron_read_at = None  # a wake-up taken this turn may not have been served
                 await asyncio.sleep(s.retry_delay_ms / 1000)
                 continue
             now = self.shard.clock.now_ms()

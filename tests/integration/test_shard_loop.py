@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from shardq.coordinator.tools.redis_server import RedisProcess, free_port, parent_death_prefix
 from shardq.shard import FakeClock, NewJob, ScheduleSpec, ShardClient, ShardSettings, SystemClock
 from shardq.shard.loop import LoopSettings, ShardLoop
+from shardq.shard.models import DueTick
 from shardq.store.migrate import upgrade
 from tests.support.workers import result_rows
 
@@ -92,6 +93,34 @@ async def test_jobs_due_a_ms_apart_are_promoted_a_quarter_window_at_a_time(
         done = await shard.enqueue([job(f"r{i}", run_at_ms=first + i) for i in range(200)])
         await wait_for_state(shard, done[-1].job_id, "ready", timeout_s=10)
         assert 0 < calls <= 60
+
+
+async def test_a_stream_of_due_jobs_reads_the_cron_schedules_only_when_woken(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cron ZSET is read when a tick is due, when the loop is woken (a schedule with the
+    # earliest tick pushes a wake-up) and every max_idle_ms: not at every promote.
+    async with loop_running(redis, promote_ahead_ms=20) as loop:
+        reads = 0
+        due_ticks = loop.shard.due_ticks
+
+        async def counted(limit: int = 100) -> list[DueTick]:
+            nonlocal reads
+            reads += 1
+            return await due_ticks(limit)
+
+        monkeypatch.setattr(loop.shard, "due_ticks", counted)
+        shard = ShardClient(redis, SETTINGS)
+        first = SystemClock().now_ms() + 300
+        done = await shard.enqueue([job(f"r{i}", run_at_ms=first + i) for i in range(200)])
+        await wait_for_state(shard, done[-1].job_id, "ready", timeout_s=10)
+        assert reads <= 3  # the enqueue's wake-up, not each of the ~40 promotes
+        before = reads
+        await shard.upsert_schedule("acme", ScheduleSpec("every-min", "* * * * *", "h", b"{}"))
+        deadline = time.monotonic() + 10
+        while reads == before:  # the upsert's wake-up brings a read
+            assert time.monotonic() < deadline, "the schedule's wake-up brought no cron read"
+            await asyncio.sleep(0.01)
 
 
 async def test_an_earlier_job_wakes_a_loop_sleeping_until_a_later_one(
