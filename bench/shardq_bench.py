@@ -741,7 +741,10 @@ def delayed(req: dict[str, Any]) -> dict[str, Any]:
                 return run_at, time.perf_counter() - t0
 
         run_at_ms, submit_s = asyncio.run(go())
+        meter = cluster.cpu_meter()
+        cpu_before = meter.mark()
         cluster.wait_starts(n + 4, p["lead_s"] + n / rate + p["timeout_s"])
+        cpu = cpu_per_job_us(cpu_before, meter.mark(), n)
         cluster.wait_rows(n + 4, 60)
         starts = read_starts(cluster.starts)
         claimed = cluster.claim_lateness(run_at_ms[0])
@@ -749,6 +752,7 @@ def delayed(req: dict[str, Any]) -> dict[str, Any]:
     metrics = summary_ms(lateness)
     metrics["early_jobs"] = sum(1 for x in lateness if x < 0)
     metrics["min_ms"] = round(min(lateness) * 1000, 3)
+    metrics.update(cpu)
     return {
         "metrics": metrics,
         "config": _config(
@@ -760,6 +764,12 @@ def delayed(req: dict[str, Any]) -> dict[str, Any]:
             # Where the lateness comes from: promoted and claimed (the worker's claim time in
             # the result row) vs then started by the handler.
             claim_lateness=summary_ms(claimed),
+            # How busy the machine is while the jobs come due (a late start is most often a
+            # process waiting for a core).
+            cpu="cpu_us_per_job_*: CPU seconds (utime + stime, /proc) from the last submit to "
+            "the last start (the lead time, then the jobs coming due), per job, of each kind "
+            "of process: workers, coordinator, shard_loops (each with its children), "
+            + "; ".join(f"{k}: {v}" for k, v in CPU_GROUPS.items()),
         ),
     }
 
