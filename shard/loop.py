@@ -255,8 +255,11 @@ class ShardLoop:
                 next_due = max(next_due - ahead, now + step)
             wake_at = min(t for t in (next_due, next_tick, now + s.max_idle_ms) if t is not None)
             if wake_at > now:
+                # A timeout scope, not wait_for: wait_for wraps the wait in a task of its own,
+                # at every turn of a loop that a stream of due jobs turns every few ms.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), (wake_at - now) / 1000)
+                    async with asyncio.timeout((wake_at - now) / 1000):
+                        await self._wake.wait()
 
     async def _fire_cron(self) -> int | None:
         """Enqueue every due occurrence once; returns the next tick (unix ms) or None."""
