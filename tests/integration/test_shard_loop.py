@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,7 +20,6 @@ from redis.asyncio import Redis
 from shardq.coordinator.tools.redis_server import RedisProcess, free_port, parent_death_prefix
 from shardq.shard import FakeClock, NewJob, ScheduleSpec, ShardClient, ShardSettings, SystemClock
 from shardq.shard.loop import LoopSettings, ShardLoop
-from shardq.shard.models import DueTick
 from shardq.store.migrate import upgrade
 from tests.support.workers import result_rows
 
@@ -72,27 +71,38 @@ async def test_a_delayed_job_is_promoted_its_ahead_before_its_time_and_not_soone
         assert loop.role == "leader"
 
 
+def counted_calls(monkeypatch: pytest.MonkeyPatch, obj: Any, name: str) -> Callable[[], int]:
+    """``obj.name`` (a coroutine method) still called, and counted: how many calls so far."""
+    calls = 0
+    real = getattr(obj, name)
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, counted)
+    return lambda: calls
+
+
+async def a_due_stream(redis: Redis, jobs: int = 200) -> None:
+    """``jobs`` jobs due a ms apart from 300 ms on, until the last one is ready."""
+    shard = ShardClient(redis, SETTINGS)
+    first = SystemClock().now_ms() + 300
+    done = await shard.enqueue([job(f"r{i}", run_at_ms=first + i) for i in range(jobs)])
+    await wait_for_state(shard, done[-1].job_id, "ready", timeout_s=10)
+
+
 async def test_jobs_due_a_ms_apart_are_promoted_a_quarter_window_at_a_time(
     redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The loop comes back for the next due job no sooner than a quarter of promote_ahead_ms
     # after its last promote: 200 jobs due 1 ms apart take ~40 promotes of 5 ms of run-ats
-    # each (plus the wake-up of their enqueue), not one promote per job.
+    # each (plus the wake-up of their enqueue), not one promote per job (142 before).
     async with loop_running(redis, promote_ahead_ms=20) as loop:
-        calls = 0
-        promote = loop.shard.promote
-
-        async def counted(limit: int | None = None, ahead_ms: int = 0) -> tuple[int, int | None]:
-            nonlocal calls
-            calls += 1
-            return await promote(limit, ahead_ms)
-
-        monkeypatch.setattr(loop.shard, "promote", counted)
-        shard = ShardClient(redis, SETTINGS)
-        first = SystemClock().now_ms() + 500
-        done = await shard.enqueue([job(f"r{i}", run_at_ms=first + i) for i in range(200)])
-        await wait_for_state(shard, done[-1].job_id, "ready", timeout_s=10)
-        assert 0 < calls <= 60
+        promotes = counted_calls(monkeypatch, loop.shard, "promote")
+        await a_due_stream(redis)
+        assert 0 < promotes() <= 60
 
 
 async def test_a_stream_of_due_jobs_reads_the_cron_schedules_only_when_woken(
@@ -101,24 +111,14 @@ async def test_a_stream_of_due_jobs_reads_the_cron_schedules_only_when_woken(
     # The cron ZSET is read when a tick is due, when the loop is woken (a schedule with the
     # earliest tick pushes a wake-up) and every max_idle_ms: not at every promote.
     async with loop_running(redis, promote_ahead_ms=20) as loop:
-        reads = 0
-        due_ticks = loop.shard.due_ticks
-
-        async def counted(limit: int = 100) -> list[DueTick]:
-            nonlocal reads
-            reads += 1
-            return await due_ticks(limit)
-
-        monkeypatch.setattr(loop.shard, "due_ticks", counted)
+        reads = counted_calls(monkeypatch, loop.shard, "due_ticks")
+        await a_due_stream(redis)
+        assert reads() <= 3  # the enqueue's wake-up, not each of the ~40 promotes
+        before = reads()
         shard = ShardClient(redis, SETTINGS)
-        first = SystemClock().now_ms() + 300
-        done = await shard.enqueue([job(f"r{i}", run_at_ms=first + i) for i in range(200)])
-        await wait_for_state(shard, done[-1].job_id, "ready", timeout_s=10)
-        assert reads <= 3  # the enqueue's wake-up, not each of the ~40 promotes
-        before = reads
         await shard.upsert_schedule("acme", ScheduleSpec("every-min", "* * * * *", "h", b"{}"))
         deadline = time.monotonic() + 10
-        while reads == before:  # the upsert's wake-up brings a read
+        while reads() == before:  # the upsert's wake-up brings a read
             assert time.monotonic() < deadline, "the schedule's wake-up brought no cron read"
             await asyncio.sleep(0.01)
 
