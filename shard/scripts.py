@@ -1,10 +1,9 @@
 """Loads the Lua scripts of ``shard/lua/`` and registers them once per Redis client.
 
-Each script is sent with ``_lib.lua``'s definitions that it uses prepended (shared key
-builders, codes and helpers), so there is one file per atomic operation and no copy of the
-shared parts. redis-py's
-``register_script`` runs EVALSHA and reloads on NOSCRIPT, so a flushed script cache or a
-restarted Redis is recovered from transparently.
+Each script is sent with the definitions of ``_lib.lua`` it uses before it (shared key
+builders, codes and helpers: :func:`link`), so there is one file per atomic operation and no
+copy of the shared parts. redis-py's ``register_script`` runs EVALSHA and reloads on NOSCRIPT,
+so a flushed script cache or a restarted Redis is recovered from transparently.
 """
 
 from __future__ import annotations

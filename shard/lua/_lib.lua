@@ -144,15 +144,15 @@ local function add_bytes(t, n)
   bytes_delta[t] = (bytes_delta[t] or 0) + n
 end
 
--- Put a job on its tenant's delayed ZSET. At settle() the tenant goes on `due` by the earliest
--- of its jobs put there, and the shard loop is woken if that is before every job it knew of.
--- One ZSET entry per job: the shard-wide order is the tenants' (few) entries on `due`.
 -- A job of `tenant` put on its delayed ZSET at `run_at`: the tenant's earliest at settle().
 local function note_due(tenant, run_at)
   local at = due_at[tenant]
   if at == nil or run_at < at then due_at[tenant] = run_at end
 end
 
+-- Put a job on its tenant's delayed ZSET. At settle() the tenant goes on `due` by the earliest
+-- of its jobs put there, and the shard loop is woken if that is before every job it knew of.
+-- One ZSET entry per job: the shard-wide order is the tenants' (few) entries on `due`.
 local function push_scheduled(id, tenant, run_at)
   redis.call('ZADD', k_tscheduled(tenant), run_at, id)
   note_due(tenant, run_at)
