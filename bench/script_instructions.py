@@ -8,12 +8,11 @@ One tenant's jobs, each new: enqueued in batches of 100 (a ``SubmitJobs`` call),
 batches of 100 (a worker's claim), their leases extended and then acked in batches of 500 (a
 worker's heartbeat and record batches), or with ``--single`` every step a job at a time (a
 unary ``SubmitJob`` the coalescer found alone, a worker that claims each job as it comes),
-through ``ShardClient`` on a ``redis-server`` run
-under valgrind's callgrind. Each step is counted apart, in the instructions the whole server
-runs over its calls (reading the commands, the scripts, the replies) per job: the same from
-one run to the next on a machine whose timings swing ±20%, so two commits compare in one pair
-of runs (``--shardq-python``). A count, not a time: see ``bench/enqueue_parts.py``. Needs
-``valgrind``.
+through ``ShardClient`` on a ``redis-server`` run under valgrind's callgrind. Each step is
+counted apart, in the instructions the whole server runs over its calls (reading the
+commands, the scripts, the replies) per job: the same from one run to the next on a machine
+whose timings swing ±20%, so two commits compare in one pair of runs (``--shardq-python``).
+A count, not a time: see ``bench/enqueue_parts.py``. Needs ``valgrind``.
 """
 
 from __future__ import annotations
@@ -42,11 +41,11 @@ LEASE_MS = 30_000
 
 
 async def count(
-    server: RedisServer, counter: Callgrind, jobs: int, single: bool = False
+    server: RedisServer, counter: Callgrind, jobs: int, batches: tuple[int, int, int] = BATCHES
 ) -> dict[str, float]:
-    """Instructions per job of each step, on a flushed server and a fresh Lua VM; with
-    ``single``, every call of one job."""
-    submit_batch, claim_batch, record_batch = (1, 1, 1) if single else BATCHES
+    """Instructions per job of each step (``batches``: jobs per enqueue, claim, and heartbeat
+    and ack call), on a flushed server and a fresh Lua VM."""
+    submit_batch, claim_batch, record_batch = batches
     assert server.proc is not None
     pid = server.proc.pid
     redis = Redis.from_url(server.url)
@@ -93,11 +92,11 @@ async def count(
         await redis.aclose()
 
 
-def measure(jobs: int, single: bool = False) -> dict[str, float]:
+def measure(jobs: int, batches: tuple[int, int, int] = BATCHES) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="shardq-callgrind-") as out_dir:
         counter = Callgrind(out_dir)
         with counter.redis_server() as server:
-            got = asyncio.run(count(server, counter, jobs, single))
+            got = asyncio.run(count(server, counter, jobs, batches))
     return {name: round(n) for name, n in got.items()}
 
 
@@ -118,7 +117,7 @@ def main() -> None:
             "record_batch": batches[2],
             "unit": "Redis instructions per job",
         },
-        measure(a.jobs, a.single),
+        measure(a.jobs, batches),
     )
     for name, n in report["results"].items():
         print(f"{name:10} {n:10,} instructions/job")
