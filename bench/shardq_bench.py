@@ -151,7 +151,8 @@ def concurrency_text(req: dict[str, Any]) -> str:
     return (
         f"{WORKERS} x `shardq-worker --handlers shardq_handlers --concurrency {concurrency}` "
         f"(asyncio; claims of up to {claim} jobs, result rows written and acked in batches of "
-        f"up to {WORKER_DEFAULTS['record_batch']}), 1 x `shardq-coordinator`, 1 x "
+        f"up to {WORKER_DEFAULTS['record_batch']}, a batch under --concurrency gathered for up "
+        f"to {WORKER_DEFAULTS['record_linger_ms']} ms), 1 x `shardq-coordinator`, 1 x "
         "`shardq-shard` loop per shard; log level WARNING"
     )
 
@@ -165,15 +166,18 @@ def tuning_statement(req: dict[str, Any]) -> dict[str, Any]:
             "concurrency": concurrency,
             "claim_batch": min(concurrency, WORKER_DEFAULTS["claim_batch"]),
             "record_batch": WORKER_DEFAULTS["record_batch"],
+            "record_linger_ms": WORKER_DEFAULTS["record_linger_ms"],
         },
         "library_defaults": {
             "concurrency": WORKER_DEFAULTS["concurrency"],
             "claim_batch": min(WORKER_DEFAULTS["concurrency"], WORKER_DEFAULTS["claim_batch"]),
             "record_batch": WORKER_DEFAULTS["record_batch"],
+            "record_linger_ms": WORKER_DEFAULTS["record_linger_ms"],
         },
         "note": "--concurrency is the only setting that differs from shardq-worker's defaults. "
         f"claim_batch ({WORKER_DEFAULTS['claim_batch']}) and record_batch "
-        f"({WORKER_DEFAULTS['record_batch']}) are fixed defaults, not flags; a claim takes at "
+        f"({WORKER_DEFAULTS['record_batch']}) are fixed defaults, not flags, and "
+        f"record_linger_ms its default ({WORKER_DEFAULTS['record_linger_ms']}); a claim takes at "
         "most the free slots, so at --concurrency 16 it takes <= 16. Every other setting is "
         "the default but SHARDQ_LOG_LEVEL=WARNING and the drain/shutdown graces (2 s: they "
         "only shorten stopping)",

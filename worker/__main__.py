@@ -55,6 +55,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "a job's progress is written to its shard at most once per this many ms",
         int,
     )
+    config.add(
+        p,
+        "--record-linger-ms",
+        5,
+        "a batch of results smaller than --concurrency waits up to this many ms for more "
+        "before it is written and acked (0: at once)",
+        int,
+    )
     config.add(p, "--worker-id", default_worker_id(), "this worker's name")
     config.add_ops_http(p, 9092, "HTTP port for /metrics and /healthz (-1: off)")
     config.add_log_level(p)
@@ -128,6 +136,7 @@ async def run(args: argparse.Namespace) -> None:
             queues=parse_queues(args.queues),
             unknown_handler_backoff_ms=args.unknown_handler_backoff_ms,
             progress_interval_ms=args.progress_interval_ms,
+            record_linger_ms=args.record_linger_ms,
         )
     except InvalidArgument as exc:
         raise SystemExit(f"shardq-worker: {exc}") from exc

@@ -14,7 +14,16 @@ from shardq.shard.client import MAX_CLAIM_QUEUES
 from shardq.shard.models import ShardSettings
 from shardq.shard.records import DEFAULT_QUEUE
 
-__all__ = ["DEFAULT_QUEUE", "WorkerSettings", "default_worker_id", "parse_queues"]
+__all__ = [
+    "DEFAULT_QUEUE",
+    "MAX_RECORD_LINGER_MS",
+    "WorkerSettings",
+    "default_worker_id",
+    "parse_queues",
+]
+
+#: The longest ``record_linger_ms``.
+MAX_RECORD_LINGER_MS = 1_000
 
 
 def default_worker_id() -> str:
@@ -44,6 +53,9 @@ class WorkerSettings:
     claim_batch: int = 100
     #: Most results written (and acked) in one transaction.
     record_batch: int = 500
+    #: A batch of results smaller than ``concurrency`` waits up to this long for more before
+    #: it is written and acked, in ms; 0: at once (``SHARDQ_RECORD_LINGER_MS``).
+    record_linger_ms: int = 5
     #: Longest one BLPOP for new work blocks, in s (a safety net; wake-ups come at once).
     idle_block_s: float = 5.0
     #: On SIGTERM, how long in-flight handlers may finish before being handed back, in s.
@@ -79,3 +91,5 @@ class WorkerSettings:
         validation.int_in_range(
             self.progress_interval_ms, 1, validation.MAX_TIMEOUT_MS, "progress_interval_ms"
         )
+        # Far under any lease: the leases of a lingering batch's jobs are held meanwhile.
+        validation.int_in_range(self.record_linger_ms, 0, MAX_RECORD_LINGER_MS, "record_linger_ms")

@@ -222,6 +222,35 @@ async def test_a_slot_is_free_while_its_row_waits_for_postgres_and_finished_jobs
     assert dict(EXECUTIONS) == {f"slot-{n}": 1 for n in range(4)}
 
 
+async def test_a_trickle_of_jobs_is_recorded_in_batches_gathered_over_the_linger(
+    cluster: Cluster,
+) -> None:
+    """Jobs that end one by one are written (and acked) together when they end within the
+    recorder's linger: here 6 jobs submitted 20 ms apart under a linger of a second. Each
+    is still recorded: one row each, every job acked."""
+    client = await cluster.client("acme")
+    async with running_worker(cluster, record_linger_ms=1_000) as worker:
+        sizes: list[int] = []
+        write = worker.results.write
+
+        async def counted(rows: Sequence[Any]) -> None:
+            sizes.append(len(rows))
+            await write(rows)
+
+        worker.results.write = counted  # type: ignore[method-assign]
+        for n in range(6):
+            await client.submit("echo", {"n": n}, request_id=f"trickle-{n}")
+            await asyncio.sleep(0.02)
+        rows = await wait_for_rows(cluster.database_url, 6)
+        async with asyncio.timeout(30):
+            while worker.running:  # acked: the runs end after their batch's acks
+                await asyncio.sleep(0.02)
+    assert sorted(r["request_id"] for r in rows) == [f"trickle-{n}" for n in range(6)]
+    assert sum(sizes) == 6
+    # One write, or two should the machine stall for most of the second between submits.
+    assert len(sizes) <= 2, sizes
+
+
 async def test_a_shard_that_refuses_claims_is_logged_as_refusing_and_served_once_it_accepts(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
