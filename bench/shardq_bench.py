@@ -101,6 +101,8 @@ from shardq.worker.settings import WorkerSettings  # noqa: E402
 WORKERS = 2
 #: shardq-worker's own defaults, read from its settings so they cannot drift from them.
 WORKER_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(WorkerSettings)}
+#: A checkout from before the recorder's linger (--shardq-python) recorded at once.
+WORKER_DEFAULTS.setdefault("record_linger_ms", 0)
 #: Tuned: the handlers each worker runs at once, at least one claim batch (100) so a claim is
 #: never cut short by free slots while the worker is busy. BENCH_SHARDQ_CONCURRENCY overrides.
 CONCURRENCY = int(os.environ.get("BENCH_SHARDQ_CONCURRENCY", "200"))
