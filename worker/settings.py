@@ -91,5 +91,6 @@ class WorkerSettings:
         validation.int_in_range(
             self.progress_interval_ms, 1, validation.MAX_TIMEOUT_MS, "progress_interval_ms"
         )
-        # Far under any lease: the leases of a lingering batch's jobs are held meanwhile.
+        # A second at most: it is how late a row and an ack may come (the batch's leases are
+        # heartbeated meanwhile).
         validation.int_in_range(self.record_linger_ms, 0, MAX_RECORD_LINGER_MS, "record_linger_ms")
