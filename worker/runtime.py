@@ -606,7 +606,7 @@ class Worker:
         """Add the outcomes waiting to ``batch``, up to ``record_batch``; when that makes
         fewer than ``concurrency``, wait up to ``record_linger_ms`` for more. At a trickle of
         jobs (delayed jobs due a ms apart) each was recorded alone, a Postgres transaction
-        and an ack call per job: a few jobs a batch took 13–22% off such a job's CPU, every
+        and an ack call per job: a few jobs a batch took 13–24% off such a job's CPU, every
         process counted (docs/benchmarks.md, session 26). The wait ends as soon as
         ``concurrency`` outcomes are gathered: past that, :meth:`_free_slots` holds the claims
         back. The handlers' slots are free meanwhile; only the rows and acks come later."""
