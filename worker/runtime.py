@@ -611,7 +611,7 @@ class Worker:
         ``concurrency`` outcomes are gathered: past that, :meth:`_free_slots` holds the claims
         back. The handlers' slots are free meanwhile; only the rows and acks come later."""
         s = self.settings
-        self._take_waiting(batch, s.record_batch)
+        self._take_waiting(batch)
         enough = min(s.record_batch, s.concurrency)
         if not s.record_linger_ms or len(batch) >= enough:
             return
@@ -624,10 +624,10 @@ class Worker:
             pass
         finally:
             self._gather_until = 0
-        self._take_waiting(batch, s.record_batch)
+        self._take_waiting(batch)
 
-    def _take_waiting(self, batch: list[Outcome], limit: int) -> None:
-        while len(batch) < limit and not self._outcomes.empty():
+    def _take_waiting(self, batch: list[Outcome]) -> None:
+        while len(batch) < self.settings.record_batch and not self._outcomes.empty():
             batch.append(self._outcomes.get_nowait())
 
     async def _record(self, batch: list[Outcome]) -> None:
