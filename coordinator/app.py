@@ -67,6 +67,9 @@ class CoordinatorSettings:
     worker_token: str = ""
     #: Most jobs in one SubmitJobs call, and IDs in one RequeueDeadJobs call.
     max_batch_jobs: int = 1_000
+    #: Scripts a SubmitJobs call that is alone on this process is sent to its shard in, each
+    #: of at least ``MIN_PIECE_JOBS`` jobs (``coordinator.api``); 1: one script per call.
+    submit_pieces: int = 3
     #: The server's receive limit, in bytes: the largest whole SubmitJobs call. SubmitJob and
     #: CreateSchedule take a payload's worth, other methods far less (``coordinator.api``).
     max_request_bytes: int = 16 * 1024 * 1024

@@ -182,6 +182,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     config.add(
         p,
+        "--submit-pieces",
+        CoordinatorSettings().submit_pieces,
+        "scripts a SubmitJobs call alone on this process is sent to its shard in, so that "
+        "the coordinator prepares one while Redis runs another (1: one per call)",
+        int,
+    )
+    config.add(
+        p,
         "--max-streams-per-tenant",
         GateSettings().max_streams_per_tenant,
         "WatchJob streams of one tenant open on this process",
@@ -277,6 +285,7 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         "max_request_bytes",
         "max_calls_per_tenant",
         "max_batch_calls",
+        "submit_pieces",
         "max_streams_per_tenant",
         "max_streams",
     ):
@@ -300,6 +309,7 @@ def settings_from(args: argparse.Namespace) -> CoordinatorSettings:
         tls_client_ca_file=args.tls_client_ca_file,
         worker_token=args.worker_token,
         max_request_bytes=args.max_request_bytes,
+        submit_pieces=args.submit_pieces,
         gate=GateSettings(
             max_calls_per_tenant=args.max_calls_per_tenant,
             max_batch_calls=args.max_batch_calls,

@@ -1,0 +1,99 @@
+"""A SubmitJobs call alone on its coordinator goes to the shard in pieces (``--submit-pieces``),
+through the real gRPC API, a real redis-server shard and real Postgres: each job lands once,
+in order, answered in order; with another call in flight it goes whole; a shard down fails it
+with UNAVAILABLE, not with an error of the pieces' own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from redis.asyncio import Redis
+
+from shardq.client import RetryPolicy, job_spec
+from shardq.shard.keys import Keys
+from shardq.v1 import common_pb2
+from tests.support.cluster import Cluster, running_cluster
+
+
+@pytest.fixture
+async def cluster(database_url: str) -> AsyncIterator[Cluster]:
+    async with running_cluster(database_url, shard_count=1) as c:
+        yield c
+
+
+@pytest.fixture
+async def shard(cluster: Cluster) -> AsyncIterator[Redis]:
+    r = Redis(port=cluster.shards[0].port)
+    yield r
+    await r.aclose()
+
+
+async def scripts_run(r: Redis) -> int:
+    """EVALSHA calls the shard has run (the coordinator sends no other script unasked)."""
+    stats = await r.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def specs(prefix: str, n: int) -> list[common_pb2.JobSpec]:
+    return [job_spec("h", {"i": i}, request_id=f"{prefix}{i}") for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("pieces", "jobs", "scripts"),
+    [(3, 100, 3), (3, 40, 2), (3, 31, 1), (1, 100, 1), (4, 1_000, 4)],
+)
+async def test_a_batch_alone_goes_in_its_pieces_each_job_once_and_in_order(
+    database_url: str, pieces: int, jobs: int, scripts: int
+) -> None:
+    async with running_cluster(database_url, shard_count=1, submit_pieces=pieces) as cluster:
+        r = Redis(port=cluster.shards[0].port)
+        c = await cluster.client("acme")
+        await c.submit("h", {})  # the scripts are loaded and the channel open
+        before = await scripts_run(r)
+        items = await c.submit_many(specs("p", jobs))
+        assert await scripts_run(r) - before == scripts
+        assert [(i.index, i.request_id, i.ok, i.deduplicated) for i in items] == [
+            (k, f"p{k}", True, False) for k in range(jobs)
+        ]
+        ready = await r.lrange(Keys("sq").ready("acme", "default", 0), 0, -1)
+        assert [x.decode() for x in ready[1:]] == [str(i.job_id) for i in items]
+        again = await c.submit_many(specs("p", jobs))
+        assert [(i.job_id, i.deduplicated) for i in again] == [(i.job_id, True) for i in items]
+        assert (await c.tenant_stats()).submitted_total == jobs + 1
+        await r.aclose()
+
+
+async def test_a_batch_goes_whole_while_another_is_in_flight(
+    cluster: Cluster, shard: Redis
+) -> None:
+    c = await cluster.client("acme")
+    await c.submit("h", {})
+    gate = cluster.coordinator.gate
+    before = await scripts_run(shard)
+    await shard.client_pause(10_000, all=False)  # scripts wait: they may write
+    try:
+        first = asyncio.create_task(c.submit_many(specs("a", 100)))
+        while gate.batch_calls < 1:
+            await asyncio.sleep(0.01)
+        second = asyncio.create_task(c.submit_many(specs("b", 100)))
+        while gate.batch_calls < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the second call's handler has sent its script
+    finally:
+        await shard.client_unpause()
+    a, b = await first, await second
+    assert await scripts_run(shard) - before == 3 + 1
+    assert all(i.ok for i in a + b)
+    assert (await c.tenant_stats()).submitted_total == 201
+
+
+async def test_a_batch_to_a_shard_that_is_down_is_unavailable(cluster: Cluster) -> None:
+    c = await cluster.client("acme", retry=RetryPolicy(attempts=1))
+    await c.submit("h", {})
+    cluster.shards[0].kill()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await c.submit_many(specs("d", 100))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
