@@ -62,10 +62,11 @@ REQUEST_OVERHEAD_BYTES = 64 * 1024
 SMALL_REQUEST_BYTES = 256 * 1024
 #: Methods that carry jobs' payloads, bounded by the server's receive limit alone (a payload
 #: over --max-payload-bytes is then refused INVALID_ARGUMENT, naming its field).
-#: Fewest jobs in a piece of a SubmitJobs call sent in pieces (``JobService._submit_alone``):
-#: below it, a piece's own cost outweighs what it overlaps.
-MIN_PIECE_JOBS = 16
 PAYLOAD_METHODS = frozenset({"SubmitJob", "SubmitJobs", "CreateSchedule"})
+#: Fewest jobs in a piece of a SubmitJobs call sent in pieces (``JobService._submit_alone``):
+#: each piece costs a script call and a round trip, and pieces of 20-50 jobs were measured,
+#: not smaller ones (``bench/coordinator_processes.py --batch 100``).
+MIN_PIECE_JOBS = 16
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -233,9 +234,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         goes out in its turn (so in order, as a rule: a piece's preparing apart). Each piece
         costs Redis a script call and the coordinator a round trip more, a few µs per job:
         with other SubmitJobs calls in flight, their work already fills those gaps and a call
-        is sent whole. Every job still gets its own answer; a call that fails as a whole may have
-        made the jobs of a piece before it, which a retry with the same request_ids finds
-        (DEDUPLICATED), as where one reply is lost.
+        is sent whole. Every job still gets its own answer; a call that fails as a whole may
+        have made the jobs of a piece before it, which a retry with the same request_ids
+        finds (DEDUPLICATED), as where one reply is lost.
         """
         pieces = min(self.c.settings.submit_pieces, len(specs) // MIN_PIECE_JOBS)
         if pieces <= 1 or self.c.gate.batch_calls > 1:

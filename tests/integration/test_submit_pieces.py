@@ -13,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from shardq.client import RetryPolicy, job_spec
+from shardq.coordinator.server import parse_args, settings_from
 from shardq.shard.keys import Keys
 from shardq.v1 import common_pb2
 from tests.support.cluster import Cluster, running_cluster
@@ -97,3 +98,15 @@ async def test_a_batch_to_a_shard_that_is_down_is_unavailable(cluster: Cluster) 
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await c.submit_many(specs("d", 100))
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_pieces_come_from_a_flag_or_its_variable_and_are_one_or_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = ["--database-url", "postgresql://db/shardq"]
+    assert settings_from(parse_args(url)).submit_pieces == 3
+    assert settings_from(parse_args([*url, "--submit-pieces", "1"])).submit_pieces == 1
+    monkeypatch.setenv("SHARDQ_SUBMIT_PIECES", "5")
+    assert settings_from(parse_args(url)).submit_pieces == 5
+    with pytest.raises(SystemExit, match="--submit-pieces must be 1 or more"):
+        settings_from(parse_args([*url, "--submit-pieces", "0"]))
