@@ -30,7 +30,7 @@ from shardq.coordinator.assignment import assign
 from shardq.coordinator.errors import Ctx, abort, item_code, shorten, translate
 from shardq.coordinator.metrics import code_name
 from shardq.coordinator.router import PlacedJob, Submitted, TenantStatus, page_offset
-from shardq.shard.client import raise_for_enqueue
+from shardq.shard.client import Turn, raise_for_enqueue
 from shardq.shard.codes import ItemCode
 from shardq.shard.models import NewJob, TenantLimits, TenantLoad
 from shardq.shard.records import EnqueueResult, JobState
@@ -229,12 +229,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
         One call at a time, each hop waits for the one before: the coordinator checks and
         prepares every job, then Redis runs the script, then the coordinator builds the
-        answer, while the other sits idle. In pieces, the coordinator prepares piece k+1 and
-        answers piece k-1 while Redis runs piece k, each piece a task of its own whose script
-        goes out in its turn (so in order, as a rule: a piece's preparing apart). Each piece
-        costs Redis a script call and the coordinator a round trip more, a few µs per job:
-        with other SubmitJobs calls in flight, their work already fills those gaps and a call
-        is sent whole. Every job still gets its own answer; a call that fails as a whole may
+        answer, while the other sits idle. In pieces, each a task of its own, the coordinator
+        prepares the next pieces and answers piece k-1 while Redis runs piece k. The scripts
+        still run one at a time and in order (``shard.client.Turn``): piece k+1's goes out as soon
+        as piece k's answer is in, so the jobs land in the call's order. Each piece costs
+        Redis a script call and the coordinator a round trip more, a few µs per job: with
+        other SubmitJobs calls in flight, their work already fills those gaps and a call is
+        sent whole. Every job still gets its own answer; a call that fails as a whole may
         have made the jobs of a piece before it, which a retry with the same request_ids
         finds (DEDUPLICATED), as where one reply is lost.
         """
@@ -242,9 +243,10 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if pieces <= 1 or self.c.gate.batch_calls > 1:
             return await self._submit(tenant, specs, coalesce=False)
         size = -(-len(specs) // pieces)
+        starts = range(0, len(specs), size)
         tasks = [
-            asyncio.ensure_future(self._submit(tenant, specs[i : i + size], coalesce=False))
-            for i in range(0, len(specs), size)
+            asyncio.ensure_future(self._submit(tenant, specs[i : i + size], False, turn))
+            for i, turn in zip(starts, Turn.row(len(starts)), strict=True)
         ]
         try:
             parts = await asyncio.gather(*tasks)
@@ -255,12 +257,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return [outcome for part in parts for outcome in part]
 
     async def _submit(
-        self, tenant: str, specs: list[common_pb2.JobSpec], coalesce: bool
+        self,
+        tenant: str,
+        specs: list[common_pb2.JobSpec],
+        coalesce: bool,
+        turn: Turn | None = None,
     ) -> list[Submitted | ShardqError]:
         """Per spec, what it became or its error, fields named as the request spells them."""
         defaults, max_payload = self.c.limits_for(tenant), self.c.settings.shard.max_payload_bytes
         jobs = [self._new_job(tenant, spec, defaults, max_payload) for spec in specs]
-        outcomes = await self.router.submit(tenant, jobs, coalesce=coalesce)
+        outcomes = await self.router.submit(tenant, jobs, coalesce=coalesce, turn=turn)
         return [_wire_error(o) if isinstance(o, ShardqError) else o for o in outcomes]
 
     async def _job_pb(self, placed: PlacedJob) -> common_pb2.Job:

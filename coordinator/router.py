@@ -36,7 +36,7 @@ from shardq.coordinator.errors import SHARD_ADDRESS_ATTR, SHARD_ID_ATTR
 from shardq.coordinator.limits import overlay
 from shardq.coordinator.placement import ShardMap
 from shardq.coordinator.shardmap import ShardMapFollower
-from shardq.shard.client import ShardClient
+from shardq.shard.client import ShardClient, Turn
 from shardq.shard.codes import ItemCode
 from shardq.shard.models import (
     NewJob,
@@ -292,13 +292,19 @@ class TenantRouter:
         raise NotFound(f"no job with request_id {request_id}", field="request_id")
 
     async def submit(
-        self, tenant: str, jobs: Sequence[NewJob | ShardqError], *, coalesce: bool
+        self,
+        tenant: str,
+        jobs: Sequence[NewJob | ShardqError],
+        *,
+        coalesce: bool,
+        turn: Turn | None = None,
     ) -> list[Submitted | ShardqError]:
         """Submit ``jobs`` to the tenant's shard; per job, what it became or its error (an
         error given in place of a job is passed through). Jobs a shard refuses as routed
         with an old map (a move started) are routed again once this replica has caught up.
 
         ``coalesce``: a lone job shares a round trip with concurrent submits to its shard.
+        ``turn``: the jobs are one piece of a row (:class:`Turn`), sent in its turn.
         """
         out: list[Submitted | ShardqError | None] = [
             j if isinstance(j, ShardqError) else None for j in jobs
@@ -314,9 +320,14 @@ class TenantRouter:
                     prepared[i] = side.client.prepare(new_job, now)
                 except ShardqError as exc:
                     out[i] = exc
-            results = await self._enqueue(
-                tenant, side, list(prepared.values()), now, version, coalesce
-            )
+            try:
+                results = await self._enqueue(
+                    tenant, side, list(prepared.values()), now, version, coalesce, turn
+                )
+            finally:
+                if turn is not None:  # had, or not needed (every job known): the next may go
+                    await turn.pass_on()
+                    turn = None  # a piece routed again (STALE_MAP) has had its turn
             again, needed = {}, 0
             for (i, job), result in zip(prepared.items(), results, strict=True):
                 if result.code is ItemCode.STALE_MAP:
@@ -338,6 +349,7 @@ class TenantRouter:
         now_ms: int,
         map_version: int,
         coalesce: bool,
+        turn: Turn | None = None,
     ) -> list[EnqueueResult]:
         known = await self.moved_duplicates(tenant, jobs)
         fresh = [k for k, res in enumerate(known) if res is None]
@@ -348,7 +360,7 @@ class TenantRouter:
         elif coalesce and len(batch) == 1:
             results = [await side.coalescer.submit(batch[0], map_version)]
         else:
-            results = await side.client.enqueue_prepared(batch, now_ms, map_version)
+            results = await side.client.enqueue_prepared(batch, now_ms, map_version, turn)
         for k, result in zip(fresh, results, strict=True):
             known[k] = result
         return [res for res in known if res is not None]

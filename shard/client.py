@@ -8,6 +8,7 @@ is sent, so bad input raises :class:`~shard.errors.InvalidArgument` and writes n
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -30,7 +31,7 @@ from shardq.common.errors import (
     ResourceExhausted,
 )
 from shardq.common.ids import new_job_id
-from shardq.common.redis import NotReplicated
+from shardq.common.redis import NotReplicated, Packed, pack, packs_ahead
 from shardq.common.validation import MAX_PRIORITY, MIN_PRIORITY
 from shardq.shard import cron
 from shardq.shard.backoff import Backoff, job_backoff
@@ -117,6 +118,35 @@ def digest(handler: str, payload: bytes) -> str:
     return h.hexdigest()
 
 
+class Turn:
+    """One piece's place in a row of enqueues whose scripts must run one at a time, in order
+    (the pieces of one SubmitJobs call: the coordinator's ``JobService._submit_alone``). Each
+    piece is prepared when its task likes; its script's arguments are built, then it waits
+    for the piece before it to be answered, sends, and passes the turn on as soon as its
+    own reply is in, before that reply is read into results."""
+
+    def __init__(self, before: asyncio.Event | None) -> None:
+        self.before = before
+        self.answered = asyncio.Event()
+
+    @staticmethod
+    def row(n: int) -> list[Turn]:
+        turns: list[Turn] = []
+        for _ in range(n):
+            turns.append(Turn(turns[-1].answered if turns else None))
+        return turns
+
+    async def wait(self) -> None:
+        if self.before is not None:
+            await self.before.wait()
+
+    async def pass_on(self) -> None:
+        """The next piece may send: it does in the turn of the event loop this yields to."""
+        if not self.answered.is_set():
+            self.answered.set()
+            await asyncio.sleep(0)
+
+
 class ShardClient:
     """One shard's data plane. Safe to share between tasks of one event loop."""
 
@@ -139,6 +169,7 @@ class ShardClient:
         self.keys = Keys(self.settings.key_prefix)
         self._scripts = register_all(redis)
         self._base = self.keys.base()
+        self._packs_ahead = packs_ahead(redis)
         self._last_limits: tuple[TenantLimits, str] | None = None
 
     def _waited(self, name: str) -> bool:
@@ -307,7 +338,11 @@ class ShardClient:
         return await self.enqueue_prepared(prepared, now)
 
     async def enqueue_prepared(
-        self, prepared: Sequence[PreparedJob], now_ms: int | None = None, map_version: int = 0
+        self,
+        prepared: Sequence[PreparedJob],
+        now_ms: int | None = None,
+        map_version: int = 0,
+        turn: Turn | None = None,
     ) -> list[EnqueueResult]:
         """Enqueue jobs already checked by :meth:`prepare`, in batches of ``max_batch``.
 
@@ -317,16 +352,51 @@ class ShardClient:
 
         ``now_ms`` is the created-at given to the jobs by a client on a FakeClock (default:
         its now); on the system clock the shard's clock stamps them and it is not used.
+
+        ``turn``: these jobs' scripts run in its turn (:class:`Turn`), which is passed on
+        once the last of them is answered.
         """
         now = self._now_arg() if now_ms is None or self.shard_time else now_ms
-        out: list[EnqueueResult] = []
         step = self.settings.max_batch
+        calls: list[list[Any]] = []
         for i in range(0, len(prepared), step):
             args: list[Any] = [now, self.settings.dedupe_ttl_ms, map_version]
             for job in prepared[i : i + step]:
                 args.extend(job.to_argv())
-            out.extend(EnqueueResult.from_reply(await self._run("enqueue", [], args)))
-        return out
+            calls.append(args)
+        replies = []
+        if turn is None:
+            for args in calls:
+                replies.append(await self._run("enqueue", [], args))
+        else:
+            # Packed before the wait: the turn passes to this piece with its script ready.
+            packed = [self._packed_ahead("enqueue", args) for args in calls]
+            await turn.wait()
+            try:
+                for args, command in zip(calls, packed, strict=True):
+                    if command is None:
+                        replies.append(await self._run("enqueue", [], args))
+                    else:
+                        replies.append(await self._run_packed("enqueue", command))
+            finally:
+                await turn.pass_on()
+        return [res for reply in replies for res in EnqueueResult.from_reply(reply)]
+
+    def _packed_ahead(self, name: str, args: Sequence[Any]) -> Packed | None:
+        """Script ``name``'s EVALSHA packed now, to be sent by :meth:`_run_packed`; None where
+        the connections would not send it as it is, or the call waits for replicas."""
+        if not self._packs_ahead or self._waited(name):
+            return None
+        return pack("EVALSHA", self._scripts[name].sha, 1, self._base, *args)
+
+    async def _run_packed(self, name: str, command: Packed) -> Any:
+        """A script's EVALSHA packed by :meth:`_packed_ahead`; loaded first where Redis has
+        not got it (restarted or flushed), as redis-py's scripts do."""
+        try:
+            return await self._r.execute_command("EVALSHA", command)
+        except NoScriptError:
+            await self._r.script_load(self._scripts[name].script)
+            return await self._r.execute_command("EVALSHA", command)
 
     async def submit(self, job: NewJob) -> EnqueueResult:
         """Enqueue one job and raise on refusal (AlreadyExists, ResourceExhausted)."""

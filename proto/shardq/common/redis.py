@@ -104,6 +104,30 @@ def parse_sentinel(address: str) -> SentinelAddress:
     return SentinelAddress(tuple(_host_port(p, SENTINEL_PORT, address) for p in parts), master)
 
 
+class Packed(bytes):
+    """A whole command already packed into RESP (:func:`pack`), given as the one argument
+    after its name: a shard connection (``redis_for``) sends it as it is. Packed ahead, a
+    command whose sending waits (``shard.client.Turn``) goes out without packing then."""
+
+
+def pack(*args: EncodableT) -> Packed:
+    """``args`` (the command's name first) packed into RESP, as a shard connection packs."""
+    return Packed(_packed(args))
+
+
+def _packed(args: tuple[EncodableT, ...]) -> bytes:
+    try:
+        # (hiredis's stub declares a one-element tuple where it takes any length)
+        return bytes(hiredis.pack_command(args))  # type: ignore[arg-type]
+    except TypeError as exc:  # redis-py's error for a value it cannot send
+        raise DataError(str(exc)) from exc
+
+
+def packs_ahead(client: Redis) -> bool:
+    """Whether ``client``'s connections send a :class:`Packed` command as it is."""
+    return issubclass(client.connection_pool.connection_class, _HiredisPacking)
+
+
 class _HiredisPacking:
     """Commands packed into RESP by hiredis (C), not by redis-py's asyncio ``pack_command``.
 
@@ -115,16 +139,14 @@ class _HiredisPacking:
     """
 
     def pack_command(self, *args: EncodableT) -> list[bytes]:
+        if len(args) == 2 and type(args[1]) is Packed:
+            return [args[1]]
         # As redis-py does: a command name given with its subcommand ("CONFIG GET") is split.
         if isinstance(args[0], str):
             args = (*args[0].encode().split(), *args[1:])
         elif isinstance(args[0], bytes) and b" " in args[0]:
             args = (*args[0].split(), *args[1:])
-        try:
-            # (hiredis's stub declares a one-element tuple where it takes any length)
-            return [hiredis.pack_command(args)]  # type: ignore[arg-type]
-        except TypeError as exc:  # redis-py's error for a value it cannot send
-            raise DataError(str(exc)) from exc
+        return [_packed(args)]
 
 
 class _InLineSend(AbstractConnection):
