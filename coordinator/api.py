@@ -30,7 +30,7 @@ from shardq.coordinator.assignment import assign
 from shardq.coordinator.errors import Ctx, abort, item_code, shorten, translate
 from shardq.coordinator.metrics import code_name
 from shardq.coordinator.router import PlacedJob, Submitted, TenantStatus, page_offset
-from shardq.shard.client import Turn, raise_for_enqueue
+from shardq.shard.client import Row, Turn, raise_for_enqueue
 from shardq.shard.codes import ItemCode
 from shardq.shard.models import NewJob, TenantLimits, TenantLoad
 from shardq.shard.records import EnqueueResult, JobState
@@ -230,9 +230,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         One call at a time, each hop waits for the one before: the coordinator checks and
         prepares every job, then Redis runs the script, then the coordinator builds the
         answer, while the other sits idle. In pieces, each a task of its own, the coordinator
-        prepares the next pieces and answers piece k-1 while Redis runs piece k. The scripts
-        still run one at a time and in order (``shard.client.Turn``): piece k+1's goes out as soon
-        as piece k's answer is in, so the jobs land in the call's order. Each piece costs
+        prepares the next pieces and reads the replies of the last while Redis runs one. The
+        pieces go one after another on one connection (``shard.client.Row``), so Redis runs
+        them in the call's order, back to back. Each piece costs
         Redis a script call and the coordinator a round trip more, a few µs per job: with
         other SubmitJobs calls in flight, their work already fills those gaps and a call is
         sent whole. Every job still gets its own answer; a call that fails as a whole may
@@ -244,16 +244,20 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             return await self._submit(tenant, specs, coalesce=False)
         size = -(-len(specs) // pieces)
         starts = range(0, len(specs), size)
+        row = Row(len(starts))
         tasks = [
             asyncio.ensure_future(self._submit(tenant, specs[i : i + size], False, turn))
-            for i, turn in zip(starts, Turn.row(len(starts)), strict=True)
+            for i, turn in zip(starts, row.turns(), strict=True)
         ]
         try:
             parts = await asyncio.gather(*tasks)
         except BaseException:
             for task in tasks:  # the pieces not yet sent or answered: the call has failed
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # done with the connection
             raise
+        finally:
+            await row.close()
         return [outcome for part in parts for outcome in part]
 
     async def _submit(

@@ -304,7 +304,8 @@ class TenantRouter:
         with an old map (a move started) are routed again once this replica has caught up.
 
         ``coalesce``: a lone job shares a round trip with concurrent submits to its shard.
-        ``turn``: the jobs are one piece of a row (:class:`Turn`), sent in its turn.
+        ``turn``: the jobs are one piece of a :class:`~shardq.shard.client.Row`, sent in its
+        place there.
         """
         out: list[Submitted | ShardqError | None] = [
             j if isinstance(j, ShardqError) else None for j in jobs
@@ -326,8 +327,8 @@ class TenantRouter:
                 )
             finally:
                 if turn is not None:  # had, or not needed (every job known): the next may go
-                    await turn.pass_on()
-                    turn = None  # a piece routed again (STALE_MAP) has had its turn
+                    turn.skip()
+                    turn = None  # a piece routed again (STALE_MAP) has had its place
             again, needed = {}, 0
             for (i, job), result in zip(prepared.items(), results, strict=True):
                 if result.code is ItemCode.STALE_MAP:

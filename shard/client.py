@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from shardq.common import validation
@@ -118,33 +119,119 @@ def digest(handler: str, payload: bytes) -> str:
     return h.hexdigest()
 
 
+class Row:
+    """The pieces of one caller's enqueue (the coordinator's SubmitJobs call alone on its
+    process: ``JobService._submit_alone``), sent to the shard one after another on one
+    connection, each as soon as it is packed, and their replies read in the same order.
+    Redis runs one connection's commands in the order they come, so the jobs land in the
+    caller's order, the scripts back to back, while the caller prepares the next pieces and
+    reads the replies of the last. The caller closes the row when its pieces are done.
+
+    Pieces sent on connections of their own could run out of order (one still opening, or a
+    large one read by Redis in parts): ``tests/integration/test_submit_pieces.py``."""
+
+    def __init__(self, pieces: int) -> None:
+        self.sent = [asyncio.Event() for _ in range(pieces)]
+        self.read = [asyncio.Event() for _ in range(pieces)]
+        self.client: ShardClient | None = None  # the shard of the first piece sent
+        self.conn: Any = None
+        self.unread = 0  # pieces sent on the connection whose replies are not read yet
+        self.broken = False
+
+    def turns(self) -> list[Turn]:
+        return [Turn(self, k) for k in range(len(self.sent))]
+
+    async def _fail(self) -> None:
+        """A piece failed between a send and its reply: the connection is out of step and
+        is dropped, and the pieces after it fail too."""
+        self.broken = True
+        if self.conn is not None:
+            await self.conn.disconnect(nowait=True)
+        for event in (*self.sent, *self.read):
+            event.set()
+
+    async def close(self) -> None:
+        """Give the connection back (dropped if a reply may be left unread on it)."""
+        conn, self.conn = self.conn, None
+        if conn is None or self.client is None:
+            return
+        if self.unread:
+            await conn.disconnect(nowait=True)
+        await self.client.redis.connection_pool.release(conn)
+
+
 class Turn:
-    """One piece's place in a row of enqueues whose scripts must run one at a time, in order
-    (the pieces of one SubmitJobs call: the coordinator's ``JobService._submit_alone``). Each
-    piece is prepared when its task likes; its script's arguments are built, then it waits
-    for the piece before it to be answered, sends, and passes the turn on as soon as its
-    own reply is in, before that reply is read into results."""
+    """One piece's place in a :class:`Row`."""
 
-    def __init__(self, before: asyncio.Event | None) -> None:
-        self.before = before
-        self.answered = asyncio.Event()
+    def __init__(self, row: Row, k: int) -> None:
+        self.row, self.k = row, k
 
-    @staticmethod
-    def row(n: int) -> list[Turn]:
-        turns: list[Turn] = []
-        for _ in range(n):
-            turns.append(Turn(turns[-1].answered if turns else None))
-        return turns
+    async def wait_before(self) -> None:
+        """Until the pieces before this one are answered (a piece sent otherwise than on the
+        row's connection, which then passes its place on with :meth:`skip`)."""
+        if self.k:
+            await self.row.read[self.k - 1].wait()
+        if self.row.broken:
+            raise RedisConnectionError("an earlier piece of this enqueue failed")
 
-    async def wait(self) -> None:
-        if self.before is not None:
-            await self.before.wait()
+    def skip(self) -> None:
+        """Nothing of this piece was sent (its jobs were answered without a script), or it
+        has been: the pieces after it need not wait for it."""
+        self.row.sent[self.k].set()
+        self.row.read[self.k].set()
 
-    async def pass_on(self) -> None:
-        """The next piece may send: it does in the turn of the event loop this yields to."""
-        if not self.answered.is_set():
-            self.answered.set()
-            await asyncio.sleep(0)
+    async def run(self, client: ShardClient, name: str, command: Packed) -> Any:
+        """``command`` (``name``'s EVALSHA, packed) sent in this piece's place, its reply."""
+        row, k = self.row, self.k
+        if k:
+            await row.sent[k - 1].wait()
+        if row.client is not None and row.client is not client:
+            # Routed to another shard than the pieces before it (the shard map changed under
+            # the call): after them, on a connection of its own.
+            await self.wait_before()
+            try:
+                return await client._run_packed(name, command)
+            finally:
+                self.skip()
+        await self._send(client, command)
+        await self.wait_before()
+        return await self._read(client, name, command)
+
+    async def _send(self, client: ShardClient, command: Packed) -> None:
+        row = self.row
+        if row.broken:
+            raise RedisConnectionError("an earlier piece of this enqueue failed")
+        try:
+            if row.conn is None:
+                pool: Any = client.redis.connection_pool  # (get_connection is untyped)
+                row.client, row.conn = client, await pool.get_connection()
+            # A health check reads its PING's reply: not while a piece's reply is unread.
+            await row.conn.send_packed_command(command, check_health=row.unread == 0)
+            row.unread += 1
+        except BaseException:
+            await row._fail()
+            raise
+        row.sent[self.k].set()
+
+    async def _read(self, client: ShardClient, name: str, command: Packed) -> Any:
+        row = self.row
+        try:
+            reply = await row.conn.read_response()
+        except ResponseError as exc:  # a reply read whole: the connection is still in step
+            row.unread -= 1
+            if not isinstance(exc, NoScriptError):
+                raise
+            # Loaded, and run again on a connection of its own, before the next piece's reply
+            # is read (which, sent before the load, is refused too).
+            return await client._run_packed(name, command)
+        except BaseException:
+            await row._fail()
+            raise
+        else:
+            row.unread -= 1
+            return reply
+        finally:
+            row.read[self.k].set()
 
 
 class ShardClient:
@@ -353,8 +440,7 @@ class ShardClient:
         ``now_ms`` is the created-at given to the jobs by a client on a FakeClock (default:
         its now); on the system clock the shard's clock stamps them and it is not used.
 
-        ``turn``: these jobs' scripts run in its turn (:class:`Turn`), which is passed on
-        once the last of them is answered.
+        ``turn``: these jobs are a piece of a :class:`Row`, sent in its place there.
         """
         now = self._now_arg() if now_ms is None or self.shard_time else now_ms
         step = self.settings.max_batch
@@ -364,34 +450,27 @@ class ShardClient:
             for job in prepared[i : i + step]:
                 args.extend(job.to_argv())
             calls.append(args)
-        replies = []
-        if turn is None:
-            for args in calls:
-                replies.append(await self._run("enqueue", [], args))
-        else:
-            # Packed before the wait: the turn passes to this piece with its script ready.
-            packed = [self._packed_ahead("enqueue", args) for args in calls]
-            await turn.wait()
-            try:
-                for args, command in zip(calls, packed, strict=True):
-                    if command is None:
-                        replies.append(await self._run("enqueue", [], args))
-                    else:
-                        replies.append(await self._run_packed("enqueue", command))
-            finally:
-                await turn.pass_on()
+        if turn is not None and len(calls) == 1 and self.streams:
+            command = pack("EVALSHA", self._scripts["enqueue"].sha, 1, self._base, *calls[0])
+            return EnqueueResult.from_reply(await turn.run(self, "enqueue", command))
+        if turn is not None:  # in its place, on connections of their own
+            await turn.wait_before()
+        try:
+            replies = [await self._run("enqueue", [], args) for args in calls]
+        finally:
+            if turn is not None:
+                turn.skip()
         return [res for reply in replies for res in EnqueueResult.from_reply(reply)]
 
-    def _packed_ahead(self, name: str, args: Sequence[Any]) -> Packed | None:
-        """Script ``name``'s EVALSHA packed now, to be sent by :meth:`_run_packed`; None where
-        the connections would not send it as it is, or the call waits for replicas."""
-        if not self._packs_ahead or self._waited(name):
-            return None
-        return pack("EVALSHA", self._scripts[name].sha, 1, self._base, *args)
+    @property
+    def streams(self) -> bool:
+        """Whether a :class:`Row`'s pieces can share a connection here: commands packed
+        ahead are sent as they are, and no script call waits for replicas (a WAIT)."""
+        return self._packs_ahead and not self._waited("enqueue")
 
     async def _run_packed(self, name: str, command: Packed) -> Any:
-        """A script's EVALSHA packed by :meth:`_packed_ahead`; loaded first where Redis has
-        not got it (restarted or flushed), as redis-py's scripts do."""
+        """A script's EVALSHA packed ahead (:func:`shardq.common.redis.pack`); loaded first
+        where Redis has not got it (restarted or flushed), as redis-py's scripts do."""
         try:
             return await self._r.execute_command("EVALSHA", command)
         except NoScriptError:

@@ -110,3 +110,54 @@ def test_the_pieces_come_from_a_flag_or_its_variable_and_are_one_or_more(
     assert settings_from(parse_args(url)).submit_pieces == 5
     with pytest.raises(SystemExit, match="--submit-pieces must be 1 or more"):
         settings_from(parse_args([*url, "--submit-pieces", "0"]))
+
+
+async def test_a_batch_in_pieces_loads_the_script_where_the_shard_has_lost_it(
+    cluster: Cluster, shard: Redis
+) -> None:
+    c = await cluster.client("acme")
+    await c.submit("h", {})
+    await shard.script_flush()  # as a restarted shard without its scripts
+    items = await c.submit_many(specs("f", 100))
+    assert all(i.ok and not i.deduplicated for i in items)
+    assert (await c.tenant_stats()).submitted_total == 101
+
+
+async def test_a_piece_refused_by_the_shard_fails_the_call_and_the_next_call_lands(
+    cluster: Cluster, shard: Redis
+) -> None:
+    c = await cluster.client("acme", retry=RetryPolicy(attempts=1))
+    await c.submit("h", {})
+    await shard.config_set("maxmemory", "1")  # every script that may write: OOM
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await c.submit_many(specs("o", 100))
+        assert info.value.code() != grpc.StatusCode.OK
+    finally:
+        await shard.config_set("maxmemory", "0")
+    items = await c.submit_many(specs("n", 100))
+    assert [i.request_id for i in items if i.ok] == [f"n{k}" for k in range(100)]
+    assert (await c.tenant_stats()).submitted_total == 101
+
+
+async def test_a_call_given_up_while_its_pieces_wait_leaves_the_next_call_whole(
+    cluster: Cluster, shard: Redis
+) -> None:
+    c = await cluster.client("acme", retry=RetryPolicy(attempts=1))
+    await c.submit("h", {})
+    hasty = await cluster.client("acme", retry=RetryPolicy(attempts=1), timeout_s=0.5)
+    await shard.client_pause(10_000, all=False)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await hasty.submit_many(specs("g", 100))
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        gate = cluster.coordinator.gate
+        while gate.batch_calls:  # the call's pieces have been cancelled, the row closed
+            await asyncio.sleep(0.01)
+    finally:
+        await shard.client_unpause()
+    items = await c.submit_many(specs("k", 100))
+    assert [i.request_id for i in items if i.ok] == [f"k{n}" for n in range(100)]
+    ready = await shard.lrange(Keys("sq").ready("acme", "default", 0), 0, -1)
+    ids = [x.decode() for x in ready]
+    assert ids[-100:] == [str(i.job_id) for i in items]  # in order, after what landed before

@@ -7,10 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from shardq.common.redis import ShardConnection, ShardSentinelConnection, redis_for
+from shardq.common.redis import (
+    ShardConnection,
+    ShardSentinelConnection,
+    pack,
+    packs_ahead,
+    redis_for,
+)
 
 CASES: list[tuple[Any, ...]] = [
     ("PING",),
@@ -49,3 +56,24 @@ async def test_every_shard_client_makes_its_connections_with_the_hiredis_packing
     finally:
         await plain.aclose()
         await sentinel.aclose()
+
+
+@pytest.mark.parametrize("args", CASES[1:3], ids=lambda a: str(a[0]))
+def test_a_command_packed_ahead_is_sent_as_it_is_and_as_it_would_be_packed(
+    args: tuple[Any, ...],
+) -> None:
+    ahead = pack(*args)
+    assert ahead == b"".join(bytes(chunk) for chunk in Connection().pack_command(*args))
+    sent = ShardConnection().pack_command("EVALSHA", ahead)
+    assert sent == [ahead] and sent[0] is ahead  # not packed again, not copied
+    with pytest.raises(DataError):
+        pack("SET", "k", None)
+
+
+async def test_only_a_shard_client_is_given_commands_packed_ahead() -> None:
+    shard, plain = redis_for("127.0.0.1:6390", ""), Redis(port=6390)
+    try:
+        assert packs_ahead(shard) and not packs_ahead(plain)
+    finally:
+        await shard.aclose()
+        await plain.aclose()
