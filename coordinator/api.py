@@ -232,12 +232,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         answer, while the other sits idle. In pieces, each a task of its own, the coordinator
         prepares the next pieces and reads the replies of the last while Redis runs one. The
         pieces go one after another on one connection (``shard.client.Row``), so Redis runs
-        them in the call's order, back to back. Each piece costs
-        Redis a script call and the coordinator a round trip more, a few µs per job: with
-        other SubmitJobs calls in flight, their work already fills those gaps and a call is
-        sent whole. Every job still gets its own answer; a call that fails as a whole may
-        have made the jobs of a piece before it, which a retry with the same request_ids
-        finds (DEDUPLICATED), as where one reply is lost.
+        them in the call's order, back to back. Each piece costs Redis a script call and the
+        coordinator a round trip more, a few µs per job: with other SubmitJobs calls in
+        flight, their work already fills those gaps and a call is sent whole. Every job still
+        gets its own answer; a call that fails as a whole may have made the jobs of a piece
+        before it, which a retry with the same request_ids finds (DEDUPLICATED), as where
+        one reply is lost.
         """
         pieces = min(self.c.settings.submit_pieces, len(specs) // MIN_PIECE_JOBS)
         if pieces <= 1 or self.c.gate.batch_calls > 1:

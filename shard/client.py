@@ -128,7 +128,9 @@ class Row:
     reads the replies of the last. The caller closes the row when its pieces are done.
 
     Pieces sent on connections of their own could run out of order (one still opening, or a
-    large one read by Redis in parts): ``tests/integration/test_submit_pieces.py``."""
+    large one read by Redis in parts): ``tests/integration/test_submit_pieces.py``. Where the
+    shard has lost its scripts, each piece is refused and run again after the load, and one
+    may then follow the piece after it, which Redis ran once the script was there."""
 
     def __init__(self, pieces: int) -> None:
         self.sent = [asyncio.Event() for _ in range(pieces)]

@@ -107,7 +107,8 @@ def parse_sentinel(address: str) -> SentinelAddress:
 class Packed(bytes):
     """A whole command already packed into RESP (:func:`pack`), given as the one argument
     after its name: a shard connection (``redis_for``) sends it as it is. Packed ahead, a
-    command whose sending waits (``shard.client.Turn``) goes out without packing then."""
+    command whose sending waits for others (``shard.client.Row``) goes out at once when its
+    place comes."""
 
 
 def pack(*args: EncodableT) -> Packed:
