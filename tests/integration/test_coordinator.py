@@ -21,6 +21,7 @@ from shardq.common.placement import slot_of
 from shardq.coordinator import router
 from shardq.coordinator.server import build_server, parse_args, settings_from
 from shardq.coordinator.tokens import Principal
+from shardq.shard.client import Turn
 from shardq.shard.models import Failure, NewJob, TenantLimits
 from shardq.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, workers_pb2, workers_pb2_grpc
 from tests.support.cluster import Cluster, running_cluster
@@ -299,9 +300,9 @@ async def test_a_client_retrying_through_a_coordinator_restart_makes_no_duplicat
     submit = coord.router.submit
 
     async def submit_then_die(
-        tenant: str, jobs: list[NewJob | ShardqError], *, coalesce: bool
+        tenant: str, jobs: list[NewJob | ShardqError], *, coalesce: bool, turn: Turn | None = None
     ) -> list[router.Submitted | ShardqError]:
-        out = await submit(tenant, jobs, coalesce=coalesce)
+        out = await submit(tenant, jobs, coalesce=coalesce, turn=turn)
         if any(isinstance(j, NewJob) and j.request_id == held for j in jobs):
             committed.set()  # the job is on its shard; its reply will never be sent
             await gone.wait()
