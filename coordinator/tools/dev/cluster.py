@@ -27,6 +27,7 @@ from shardq.coordinator.tools.dev.processes import (
     Child,
     DevError,
     healthz,
+    lost_port,
     port_is_free,
     start_child,
     tail,
@@ -38,6 +39,8 @@ from shardq.shard.models import ShardSettings
 
 #: The embedded Postgres's port, kept in the data dir from one start to the next.
 POSTGRES_PORT_FILE = "postgres.port"
+#: Starts of one child that may each lose its metrics port to another program.
+PORT_ATTEMPTS = 3
 
 
 class DevCluster:
@@ -63,6 +66,28 @@ class DevCluster:
         self.children.append(child)
         self.write_pids()
         return child
+
+    def respawn_lost_ports(self, pending: set[str]) -> None:
+        """Start again, on a new port, each child not yet serving that exited because another
+        program bound its metrics port first.
+
+        free_port() lets the port go before the child binds it, so any other process on the
+        machine can take it in between (a test run beside this one, say); a clash is the only
+        early exit that a new start mends, so it is the only one retried, a few times."""
+        for index, child in enumerate(self.children):
+            lost = child.lost_ports
+            if child.name not in pending or child.proc.poll() is None or lost >= PORT_ATTEMPTS:
+                continue
+            port = int(str(child.env.get("SHARDQ_METRICS_PORT", 0)))
+            if not port or not lost_port(child.log, child.log_start, port):
+                continue
+            new_port = free_port()
+            env = {**child.env, "SHARDQ_METRICS_PORT": new_port}
+            ops_port = new_port if child.ops_port else 0
+            again = start_child(child.name, child.module, env, child.log, ops_port)
+            again.lost_ports = lost + 1
+            self.children[index] = again
+            self.write_pids()
 
     def pids(self) -> dict[str, int]:
         out = {f"redis-{i}": r.proc.pid for i, r in enumerate(self.redis) if r.proc is not None}
@@ -277,6 +302,7 @@ class DevCluster:
             self.target, self.tokens.admin, retry=RetryPolicy(attempts=1), timeout_s=2
         ) as client:
             while pending:
+                self.respawn_lost_ports(pending)
                 self.check_children()
                 for child in self.children:
                     if child.name in pending and await self._serving(child, client):

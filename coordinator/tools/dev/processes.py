@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,13 @@ class Child:
     log: Path
     #: /healthz port (shard loops and workers), 0 when the process has none.
     ops_port: int = 0
+    #: What it was started with, so that it can be started again.
+    module: str = ""
+    env: dict[str, object] = field(default_factory=dict)
+    #: Where this start's output begins in ``log`` (the log is kept from start to start).
+    log_start: int = 0
+    #: Earlier starts that exited because another program took the metrics port.
+    lost_ports: int = 0
 
     @property
     def pid(self) -> int:
@@ -48,6 +55,7 @@ def start_child(
     with open(log, "ab") as f:
         f.write(f"--- shardq dev: starting {name} at {time.ctime()}\n".encode())
         f.flush()
+        log_start = f.tell()
         proc = subprocess.Popen(
             [*parent_death_prefix(), sys.executable, "-m", module],
             stdin=subprocess.DEVNULL,
@@ -56,7 +64,7 @@ def start_child(
             env=child_env(env),
             start_new_session=True,  # Ctrl-C reaches only `shardq dev`, which stops in order
         )
-    return Child(name, proc, log, ops_port)
+    return Child(name, proc, log, ops_port, module, dict(env), log_start)
 
 
 def child_env(values: dict[str, object]) -> dict[str, str]:
@@ -77,6 +85,18 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def lost_port(log: Path, since: int, port: int) -> bool:
+    """Whether the output from byte ``since`` of ``log`` on says binding ``port`` failed
+    because it was in use (asyncio's error names the address, as ``('host', port)``)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(since)
+            text = f.read().lower()
+    except OSError:
+        return False
+    return b"address already in use" in text and f", {port})".encode() in text
 
 
 def tail(path: Path, lines: int = 15) -> str:
