@@ -3,6 +3,7 @@ part taken out at a time.
 
     python bench/enqueue_parts.py [--jobs 10000] [--rounds 5] [--out FILE.json]
     python bench/enqueue_parts.py --instructions --jobs 2000 --rounds 1
+    python bench/enqueue_parts.py --instructions --jobs 2000 --rounds 1 --coordinator-limits
 
 Batches of 100 ready jobs of one tenant (a ``SubmitJobs`` call), each job new, on a shard at
 the job format a first install gets, through ``ShardClient.enqueue``. A part is taken out by
@@ -22,6 +23,10 @@ part's): reading the commands, the script, the replies. A count, not a time, but
 from one run to the next on a machine whose timings swing ±20%, so a change of a few percent
 shows (``--jobs 2000 --rounds 1`` is enough: callgrind runs Redis ~50x slower).
 
+``--coordinator-limits``: each job carries the admission limit every job of a coordinator at
+its defaults carries (``CoordinatorSettings.default_limits``: ``max_pending``), so the script
+checks the tenant's pending jobs as it does for a ``SubmitJobs`` call; without it, no limit.
+
 ``--shardq-python``: run the measure with another checkout's venv (its shardq), to compare
 two commits; the JSON records the commit of the shardq measured.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -44,8 +50,9 @@ from enqueue_calls import BATCH, fresh_shard, parse_args, write_report  # noqa: 
 from redis.asyncio import Redis  # noqa: E402
 from services import Callgrind, RedisServer  # noqa: E402
 
+from shardq.coordinator.app import CoordinatorSettings  # noqa: E402
 from shardq.shard.client import ShardClient  # noqa: E402
-from shardq.shard.models import NewJob  # noqa: E402
+from shardq.shard.models import NO_LIMITS, NewJob, TenantLimits  # noqa: E402
 from shardq.shard.scripts import source  # noqa: E402
 
 #: Each part: the text of ``enqueue.lua`` (with ``_lib.lua`` before it) that does it, and what
@@ -88,7 +95,11 @@ def variant_source(out: list[str]) -> str:
 
 
 async def one_measure(
-    server: RedisServer, jobs: int, out: list[str], counter: Callgrind | None
+    server: RedisServer,
+    jobs: int,
+    out: list[str],
+    counter: Callgrind | None,
+    limits: TenantLimits = NO_LIMITS,
 ) -> tuple[float, float]:
     """The cost per job of the script with the parts ``out`` taken out, and the commands it
     ran per job. The cost: Redis' µs inside EVALSHA, or with ``counter`` the instructions
@@ -105,7 +116,10 @@ async def one_measure(
             counter.zero(server.proc.pid)
         for _ in range(0, jobs, BATCH):
             await client.enqueue(
-                [NewJob("t0", "noop", b'{"n": 1}', uuid.uuid4().hex) for _ in range(BATCH)]
+                [
+                    NewJob("t0", "noop", b'{"n": 1}', uuid.uuid4().hex, limits=limits)
+                    for _ in range(BATCH)
+                ]
             )
         # Counted before the INFO below, which is not the batches' work.
         instructions = counter.read(server.proc.pid) if counter else 0
@@ -117,7 +131,9 @@ async def one_measure(
     return cost / jobs, commands / jobs
 
 
-def measure(jobs: int, rounds: int, instructions: bool = False) -> dict[str, Any]:
+def measure(
+    jobs: int, rounds: int, instructions: bool = False, limits: TenantLimits = NO_LIMITS
+) -> dict[str, Any]:
     variants: dict[str, list[str]] = {"whole": [], **{p: [p] for p in PARTS}, ALL_OUT: [*PARTS]}
     got: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     unit = "instructions_per_job" if instructions else "script_us_per_job"
@@ -126,7 +142,7 @@ def measure(jobs: int, rounds: int, instructions: bool = False) -> dict[str, Any
         with counter.redis_server() if counter else RedisServer() as server:
             for _ in range(rounds):
                 for name, out in variants.items():
-                    got[name].append(asyncio.run(one_measure(server, jobs, out, counter)))
+                    got[name].append(asyncio.run(one_measure(server, jobs, out, counter, limits)))
     whole = statistics.median(cost for cost, _ in got["whole"])
     digits = 0 if instructions else 2
     results: dict[str, Any] = {}
@@ -152,13 +168,25 @@ def main() -> None:
         action="store_true",
         help="count the server's instructions per job under callgrind instead of timing it",
     )
+    ap.add_argument(
+        "--coordinator-limits",
+        action="store_true",
+        help="each job with the admission limit of a coordinator at its defaults",
+    )
     a = parse_args(ap)
+    limits = CoordinatorSettings().default_limits if a.coordinator_limits else NO_LIMITS
     report = write_report(
         a,
         "shardq-enqueue-parts/1",
         "bench/enqueue_parts.py",
-        {"jobs": a.jobs, "rounds": a.rounds, "batch": BATCH, "instructions": a.instructions},
-        measure(a.jobs, a.rounds, a.instructions),
+        {
+            "jobs": a.jobs,
+            "rounds": a.rounds,
+            "batch": BATCH,
+            "instructions": a.instructions,
+            "limits": dataclasses.asdict(limits),
+        },
+        measure(a.jobs, a.rounds, a.instructions, limits),
     )
     unit = "instructions_per_job" if a.instructions else "script_us_per_job"
     for name, r in report["results"].items():
