@@ -187,6 +187,22 @@ def test_the_enqueue_parts_benchmark_takes_each_part_out(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(300)
+def test_the_enqueue_parts_benchmark_with_the_coordinators_limits(tmp_path: Path) -> None:
+    """``--coordinator-limits``: each job carries the coordinator's default max_pending, as a
+    SubmitJobs call's do, and the script reads the tenant's counts for it once per call of
+    100 jobs (one command per call more than without limits), not once per job."""
+    args = ("enqueue_parts.py", "--jobs", "500", "--rounds", "1")
+    plain = _bench_json(tmp_path, *args)
+    limited = _bench_json(tmp_path, *args, "--coordinator-limits")  # read before: same file
+    assert plain["params"]["limits"]["max_pending"] == 0
+    assert limited["params"]["limits"]["max_pending"] == 1_000_000
+    more = {
+        name: limited["results"][name]["commands_per_job"] - r["commands_per_job"]
+        for name, r in plain["results"].items()
+    }
+    assert more == pytest.approx(dict.fromkeys(more, 0.01), abs=0.005)
+
+
 def test_the_enqueue_parts_benchmark_counts_the_servers_instructions(tmp_path: Path) -> None:
     """``--instructions``: the same variants, Redis run under callgrind, counted in
     instructions per job. A count, so two rounds agree closely, and each part taken out
