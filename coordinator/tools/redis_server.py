@@ -7,6 +7,7 @@ so nothing has to be installed by hand.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import os
 import shutil
@@ -66,11 +67,25 @@ def parent_death_prefix() -> list[str]:
     return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
+#: The ports free_port() has handed out in this process, the latest last.
+_handed_out: collections.deque[int] = collections.deque(maxlen=4096)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port on 127.0.0.1 that nothing listens on now, and that this process has not been
+    given before.
+
+    The port is let go before its user binds it, and the kernel picks each one at random:
+    a caller that takes several before starting the servers that bind them (``shardq dev``,
+    a test) could otherwise be given one port twice, and one of the two servers fails."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.append(port)
+            return port
+    raise OSError("no free port that this process was not given before")
 
 
 class _ServerProcess:
