@@ -8,14 +8,13 @@ the asyncio client differ only in how they send them.
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, Unpack
 
 from shardq.client.model import JobState, TenantLimits
-from shardq.common import tracing
+from shardq.common import ids, tracing
 from shardq.common.errors import InvalidArgument
 from shardq.v1 import admin_pb2, common_pb2, jobs_pb2, schedules_pb2, tenants_pb2
 
@@ -135,8 +134,9 @@ def encode_payload(payload: Any) -> bytes:
 
 def new_request_id() -> str:
     """A request_id made by the client: 128 random bits as 32 hex digits (the spelling of
-    ``uuid4().hex``, in a third of its time: the UUID object was most of a ``job_spec``)."""
-    return secrets.token_hex(16)
+    ``uuid4().hex``, in a fraction of its time: the UUID object was most of a ``job_spec``,
+    then ``secrets.token_hex``'s system call per ID was 12% of a client sending batches)."""
+    return ids.random_hex()
 
 
 def _ms(value: Duration, name: str) -> int:

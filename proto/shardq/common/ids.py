@@ -1,11 +1,16 @@
 """Job IDs: 26 characters, time-sortable (48-bit ms timestamp, then 80 random bits),
-Crockford base32 like ULID. Globally unique, so a job keeps its ID when its tenant moves."""
+Crockford base32 like ULID. Globally unique, so a job keeps its ID when its tenant moves.
+And the clients' request IDs: 128 random bits as 32 hex digits."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 #: Every 10-bit value as its two digits: 13 lookups make an ID, not 26 (a submit of 100 jobs
@@ -20,20 +25,36 @@ _last_time: list[tuple[int, str]] = [(-1, "")]
 #: How many IDs' random bits one read of the OS's random source makes. One ``os.urandom``
 #: per ID was a ``getrandom`` system call per job: a native profile of a coordinator serving
 #: SubmitJobs of 100 put it at about a tenth of its busy samples, on an AMD EPYC machine (an
-#: upper bound: such profiles over-sample system calls). Read 64 at a time, it is 1/64 of that.
+#: upper bound: such profiles over-sample system calls); in a client sending them, the
+#: request IDs' were 12% of its samples. Read 64 at a time, it is 1/64 of that.
 _RANDOM_BATCH = 64
-#: Random 80-bit values made ahead, each taken once (``deque.popleft`` is atomic: two threads
-#: never get the same one). A forked child starts without them, or it would make the same IDs
-#: as its parent (the worker's process pool forks from a forkserver; any program may fork).
+#: Random values made ahead, each taken once (``deque.popleft`` is atomic: two threads never
+#: get the same one): the job IDs' 80-bit ints and the request IDs' hex strings. A forked
+#: child starts without them, or it would make the same IDs as its parent (the worker's
+#: process pool forks from a forkserver; any program may fork).
 _randoms: deque[int] = deque()
+_hex_randoms: deque[str] = deque()
 os.register_at_fork(after_in_child=_randoms.clear)
+os.register_at_fork(after_in_child=_hex_randoms.clear)
 
 
-def _more_randoms() -> int:
-    """One 80-bit value; ``_RANDOM_BATCH - 1`` more left in ``_randoms``."""
-    raw = os.urandom(10 * _RANDOM_BATCH)
-    _randoms.extend([int.from_bytes(raw[i : i + 10], "big") for i in range(10, len(raw), 10)])
-    return int.from_bytes(raw[:10], "big")
+def _more(made_ahead: deque[T], width: int, value: Callable[[bytes], T]) -> T:
+    """One value of ``width`` random bytes; ``_RANDOM_BATCH - 1`` more left in ``made_ahead``."""
+    raw = os.urandom(width * _RANDOM_BATCH)
+    made_ahead.extend([value(raw[i : i + width]) for i in range(width, len(raw), width)])
+    return value(raw[:width])
+
+
+def _big_int(raw: bytes) -> int:
+    return int.from_bytes(raw, "big")
+
+
+def random_hex() -> str:
+    """128 random bits as 32 hex digits (the spelling of ``uuid4().hex``): a request ID."""
+    try:
+        return _hex_randoms.popleft()
+    except IndexError:
+        return _more(_hex_randoms, 16, bytes.hex)
 
 
 def new_job_id(now_ms: int | None = None) -> str:
@@ -47,7 +68,7 @@ def new_job_id(now_ms: int | None = None) -> str:
     try:
         r = _randoms.popleft()
     except IndexError:
-        r = _more_randoms()
+        r = _more(_randoms, 10, _big_int)
     p = _PAIRS
     return "".join(
         (
