@@ -7,13 +7,16 @@ import json
 import re
 from typing import Any
 
+import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from shardq.client import JobState, job_spec
+from shardq.client.model import ItemError, SubmitItem
 from shardq.client.requests import encode_payload, new_request_id
 from shardq.common import validation
+from shardq.v1 import jobs_pb2
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -56,3 +59,17 @@ def test_every_state_reads_from_its_number(state: JobState) -> None:
 @pytest.mark.parametrize("number", [7, 99, -1])
 def test_a_state_newer_than_the_client_reads_as_unspecified(number: int) -> None:
     assert JobState.from_proto(number) is JobState.UNSPECIFIED
+
+
+def test_a_batch_answers_items_read_each_field_and_an_unknown_state() -> None:
+    ok = jobs_pb2.SubmitJobsItem(
+        index=3, job_id="J", request_id="r3", deduplicated=True, state=JobState.READY.value
+    )
+    assert SubmitItem.from_proto(ok) == SubmitItem(3, "J", "r3", True, JobState.READY, None)
+    newer = jobs_pb2.SubmitJobsItem(index=0, job_id="J", request_id="r0", state=99)
+    assert SubmitItem.from_proto(newer).state is JobState.UNSPECIFIED
+    refused = jobs_pb2.SubmitJobsItem(index=1, request_id="r1")
+    refused.error.code, refused.error.field = 3, "priority"
+    item = SubmitItem.from_proto(refused)
+    assert item.job_id is None and not item.ok
+    assert item.error == ItemError(grpc.StatusCode.INVALID_ARGUMENT, "", "priority")
