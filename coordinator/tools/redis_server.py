@@ -72,8 +72,8 @@ _handed_out: collections.deque[int] = collections.deque(maxlen=4096)
 
 
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on now, and that this process has not been
-    given before.
+    """A port on 127.0.0.1 that nothing listens on now, and that is not among the last 4,096
+    this process was given.
 
     The port is let go before its user binds it, and the kernel picks each one at random:
     a caller that takes several before starting the servers that bind them (``shardq dev``,
