@@ -8,6 +8,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -102,17 +103,27 @@ def test_the_random_source_is_read_once_per_64_ids(monkeypatch: pytest.MonkeyPat
     assert len(set(made)) == 640
 
 
-def test_a_forked_child_does_not_make_its_parents_ids() -> None:
+def _job_id_random_part() -> int:
+    return int(new_job_id()[10:].translate(_DECODE), 32)
+
+
+@pytest.mark.parametrize(
+    ("make", "made_ahead"),
+    [(_job_id_random_part, "_randoms"), (new_request_id, "_hex_randoms")],
+    ids=["job IDs", "request IDs"],
+)
+def test_a_forked_child_does_not_make_its_parents_ids(
+    make: Callable[[], object], made_ahead: str
+) -> None:
     """The values made ahead are dropped in a forked child: parent and child would otherwise
     both take the same next ones."""
-    new_job_id()  # values made ahead, in this process
-    parent_next = list(ids._randoms)
+    make()  # values made ahead, in this process
+    parent_next = list(getattr(ids, made_ahead))
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its next IDs' random parts, to the parent
         os.close(read)
-        child = [int(new_job_id()[10:].translate(_DECODE), 32) for _ in range(8)]
-        os.write(write, json.dumps(child).encode())
+        os.write(write, json.dumps([make() for _ in range(8)]).encode())
         os._exit(0)
     os.close(write)
     with os.fdopen(read) as f:
@@ -139,19 +150,3 @@ def test_request_ids_read_the_random_source_once_per_64(monkeypatch: pytest.Monk
         and made[-1] == (2_063).to_bytes(16, "big").hex()
     )
     assert len(set(made)) == 128
-
-
-def test_a_forked_child_does_not_make_its_parents_request_ids() -> None:
-    new_request_id()  # values made ahead, in this process
-    parent_next = list(ids._hex_randoms)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        os.write(write, json.dumps([new_request_id() for _ in range(8)]).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        child = json.loads(f.read())
-    os.waitpid(pid, 0)
-    assert parent_next and not set(child) & set(parent_next)
