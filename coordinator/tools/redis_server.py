@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import importlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -70,18 +71,55 @@ def parent_death_prefix() -> list[str]:
 #: The ports free_port() has handed out in this process, the latest last.
 _handed_out: collections.deque[int] = collections.deque(maxlen=4096)
 
+#: Where free_port() picks from, below the kernel's local port range: the lowest port.
+#: Below it are the usual ports of services (5432, 6379, 8080, 9090, ...).
+FIRST_PICKED_PORT = 15000
+
+_LOCAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_pick = random.SystemRandom()  # os.urandom per pick: a forked child does not repeat its parent
+
+
+def _picked_band() -> range | None:
+    """The ports from FIRST_PICKED_PORT to the kernel's local range (Linux), or None where
+    that is unknown or too narrow to pick from."""
+    try:
+        low = int(_LOCAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    band = range(FIRST_PICKED_PORT, low)
+    return band if len(band) > 2 * (_handed_out.maxlen or 0) else None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on now, and that is not among the last 4,096
     this process was given.
 
-    The port is let go before its user binds it, and the kernel picks each one at random:
-    a caller that takes several before starting the servers that bind them (``shardq dev``,
-    a test) could otherwise be given one port twice, and one of the two servers fails."""
-    for _ in range(64):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
+    The port is let go before its user binds it. It is picked at random below the kernel's
+    local port range (Linux), which every bind to port 0 and every outgoing connection on
+    the machine take theirs from: a port picked by binding port 0, as elsewhere, could be
+    taken by any of those before its user binds it (a test's server then fails with
+    "address already in use"). The memory of the last ports keeps a caller that takes
+    several before starting the servers that bind them (``shardq dev``, a test) from being
+    given one port twice."""
+    band = _picked_band()
+    for _ in range(256):
+        if band is not None:
+            port = _pick.choice(band)
+            if not _bindable(port):
+                continue
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
         if port not in _handed_out:
             _handed_out.append(port)
             return port
