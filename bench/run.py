@@ -477,7 +477,8 @@ def tuning_lines(result: dict[str, Any]) -> list[str]:
 
 def headline_lines(result: dict[str, Any], markdown: bool) -> list[str]:
     rows = result["headline"]
-    variants = list(rows[0].get("shardq_variants", {})) if rows else []
+    # Every row's: a run without the first figure's scenario (drain alone) has it empty.
+    variants = list(dict.fromkeys(v for h in rows for v in h.get("shardq_variants", {})))
     if not variants:  # a file from before the variants: its one shardq (the tuned one)
         variants = ["shardq"]
     lead = (rows[0].get("shardq_system") if rows else None) or variants[0]

@@ -280,3 +280,12 @@ def test_the_redis_calls_benchmark_measures_both_connections(tmp_path: Path) -> 
         assert set(by_name) == {"shardq", "redis_py_checks"}
         for r in by_name.values():
             assert r["caller_cpu_us_per_call"] > 0 and r["wall_us_per_call"] > 0
+
+
+def test_the_headline_of_a_run_without_the_first_figures_scenario_shows_its_figures() -> None:
+    # A run of drain and delayed alone (no submit, the headline's first scenario), as kept:
+    # each of its figures is shown for both tunings, with its ratio to the best peer.
+    out = _bench("run.py", "--render", str(BENCH / "reference/2026-12-07-s29-drain-delayed.json"))
+    drain = next(line for line in out.splitlines() if line.lstrip().startswith("drain 20k"))
+    assert "shardq-tuned 18,400" in drain and "ratio 2.548" in drain, drain
+    assert "shardq-defaults 10,097" in drain, drain
