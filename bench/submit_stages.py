@@ -49,8 +49,18 @@ CALLS = 300
 
 
 def _answer(outcomes: list[Any]) -> Callable[[], Any]:
-    """The SubmitJobs answer of ``outcomes`` as this checkout builds it (before
-    ``_submit_jobs_response``, commits built each item with ``_item`` and copied it)."""
+    """The SubmitJobs answer of ``outcomes`` as this checkout builds it, with what it counts
+    for the metrics (before ``_Answer``, ``_submit_jobs_response`` built it and the metrics
+    then read its items; before that, commits built each item with ``_item`` and copied it)."""
+    answer = getattr(api, "_Answer", None)
+    if answer is not None:
+
+        def build_answer() -> Any:
+            a = answer()
+            a.add(outcomes)
+            return a.response
+
+        return build_answer
     build = getattr(api, "_submit_jobs_response", None)
     if build is not None:
         return lambda: build(outcomes)

@@ -28,7 +28,7 @@ from shardq.coordinator import convert, limits, shardstatus
 from shardq.coordinator.app import Coordinator
 from shardq.coordinator.assignment import assign
 from shardq.coordinator.errors import Ctx, abort, item_code, shorten, translate
-from shardq.coordinator.metrics import code_name
+from shardq.coordinator.metrics import CODE_NAMES, code_name
 from shardq.coordinator.router import PlacedJob, Submitted, TenantStatus, page_offset
 from shardq.shard.client import Row, Turn, raise_for_enqueue
 from shardq.shard.codes import ItemCode
@@ -221,11 +221,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             )
         return job
 
-    async def _submit_alone(
-        self, tenant: str, specs: list[common_pb2.JobSpec]
-    ) -> list[Submitted | ShardqError]:
-        """``_submit`` of a SubmitJobs call, sent to the shard in pieces where it is the only
-        one in flight on this process (the gate counts them).
+    async def _submit_alone(self, tenant: str, specs: list[common_pb2.JobSpec]) -> _Answer:
+        """A SubmitJobs call's answer, its jobs sent to the shard in pieces where it is the
+        only one in flight on this process (the gate counts them).
 
         One call at a time, each hop waits for the one before: the coordinator checks and
         prepares every job, then Redis runs the script, then the coordinator builds the
@@ -237,11 +235,14 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         flight, their work already fills those gaps and a call is sent whole. Every job still
         gets its own answer; a call that fails as a whole may have made the jobs of a piece
         before it, which a retry with the same request_ids finds (DEDUPLICATED), as where
-        one reply is lost.
+        one reply is lost. The answer's items of a piece are made once it is answered, while
+        Redis runs the pieces after it.
         """
+        answer = _Answer()
         pieces = min(self.c.settings.submit_pieces, len(specs) // MIN_PIECE_JOBS)
         if pieces <= 1 or self.c.gate.batch_calls > 1:
-            return await self._submit(tenant, specs, coalesce=False)
+            answer.add(await self._submit(tenant, specs, coalesce=False))
+            return answer
         size = -(-len(specs) // pieces)
         starts = range(0, len(specs), size)
         row = Row(len(starts))
@@ -250,7 +251,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             for i, turn in zip(starts, row.turns(), strict=True)
         ]
         try:
-            parts = await asyncio.gather(*tasks)
+            for start, task in zip(starts, tasks, strict=True):  # in the call's order
+                answer.add(await task, start)
         except BaseException:
             for task in tasks:  # the pieces not yet sent or answered: the call has failed
                 task.cancel()
@@ -258,7 +260,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise
         finally:
             await row.close()
-        return [outcome for part in parts for outcome in part]
+        return answer
 
     async def _submit(
         self,
@@ -341,13 +343,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 f"{len(request.jobs)} jobs is over the {limit} limit", field="jobs"
             )
         try:
-            outcomes = await self._submit_alone(tenant, list(request.jobs))
+            answer = await self._submit_alone(tenant, list(request.jobs))
         except Exception as exc:
             self.c.submit_metrics.count(tenant, 0, 0, {code_name(exc): len(request.jobs)})
             raise
-        response = _submit_jobs_response(outcomes)
-        self.c.submit_metrics.items(tenant, response.items)
-        return response
+        self.c.submit_metrics.count(tenant, answer.new, answer.deduplicated, answer.refused)
+        return answer.response
 
     @unary
     async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Ctx) -> common_pb2.Job:
@@ -747,29 +748,50 @@ async def _prefixed_async(aw: Awaitable[T], prefix: str) -> T:
         raise
 
 
-def _submit_jobs_response(
-    outcomes: list[Submitted | ShardqError],
-) -> jobs_pb2.SubmitJobsResponse:
-    """One item per outcome, in order. An accepted job's item is written in place
-    (``items.add``): making each item and then copying it into the list cost twice as much,
-    once per job of a batch."""
-    response = jobs_pb2.SubmitJobsResponse()
-    items = response.items
-    for index, o in enumerate(outcomes):
-        if isinstance(o, ShardqError):
-            items.append(_item_error(index, o))
-        elif o.result.accepted:
-            res = o.result
-            items.add(
-                index=index,
-                job_id=res.job_id,
-                request_id=o.job.request_id,
-                deduplicated=res.deduplicated,
-                state=convert.STATE_TO_PB.get(res.state, common_pb2.JOB_STATE_UNSPECIFIED),
-            )
-        else:
-            items.append(_refused_item(index, o.result))
-    return response
+class _Answer:
+    """A SubmitJobs call's answer, an item per job in the call's order, added a piece at a
+    time (``JobService._submit_alone``), and its jobs counted for the metrics (new,
+    deduplicated, refused by code name) as they are added, not in a pass over the whole
+    answer after its last piece."""
+
+    __slots__ = ("deduplicated", "new", "refused", "response")
+
+    def __init__(self) -> None:
+        self.response = jobs_pb2.SubmitJobsResponse()
+        self.new = self.deduplicated = 0
+        self.refused: dict[str, int] = {}
+
+    def add(self, outcomes: list[Submitted | ShardqError], first: int = 0) -> None:
+        """The items of ``outcomes``, the jobs from index ``first`` on. An accepted job's item
+        is written in place (``items.add``): making each item and then copying it into the
+        list cost twice as much, once per job of a batch."""
+        items = self.response.items
+        new = deduplicated = 0
+        for index, o in enumerate(outcomes, first):
+            if isinstance(o, ShardqError):
+                self._refuse(items, _item_error(index, o))
+            elif o.result.accepted:
+                res = o.result
+                items.add(
+                    index=index,
+                    job_id=res.job_id,
+                    request_id=o.job.request_id,
+                    deduplicated=res.deduplicated,
+                    state=convert.STATE_TO_PB.get(res.state, common_pb2.JOB_STATE_UNSPECIFIED),
+                )
+                if res.deduplicated:
+                    deduplicated += 1
+                else:
+                    new += 1
+            else:
+                self._refuse(items, _refused_item(index, o.result))
+        self.new += new
+        self.deduplicated += deduplicated
+
+    def _refuse(self, items: Any, item: jobs_pb2.SubmitJobsItem) -> None:
+        items.append(item)
+        code = CODE_NAMES.get(item.error.code, "UNKNOWN")
+        self.refused[code] = self.refused.get(code, 0) + 1
 
 
 def _refused_item(index: int, res: EnqueueResult) -> jobs_pb2.SubmitJobsItem:

@@ -26,7 +26,7 @@ import heapq
 import inspect
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -338,20 +338,6 @@ class SubmitMetrics:
             self._child(self.dedupe_hits, label).inc(deduplicated)
         for code, n in refused.items():
             self._child(self.refused, (*label, code)).inc(n)
-
-    def items(self, tenant: str, items: Iterable[jobs_pb2.SubmitJobsItem]) -> None:
-        """The items of one SubmitJobs answer."""
-        new = deduplicated = 0
-        refused: dict[str, int] = {}
-        for item in items:
-            if item.HasField("error"):
-                code = CODE_NAMES.get(item.error.code, "UNKNOWN")
-                refused[code] = refused.get(code, 0) + 1
-            elif item.deduplicated:
-                deduplicated += 1
-            else:
-                new += 1
-        self.count(tenant, new, deduplicated, refused)
 
     def _child(self, metric: Counter, values: tuple[str, ...]) -> Any:
         if not values:

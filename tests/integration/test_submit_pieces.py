@@ -81,6 +81,46 @@ async def test_a_batch_alone_goes_in_its_pieces_each_job_once_and_in_order(
             await r.aclose()
 
 
+async def test_a_batch_in_pieces_answers_and_counts_each_job_new_deduplicated_or_refused(
+    database_url: str,
+) -> None:
+    # The answer of a call in pieces is made a piece at a time, and the metrics counted as it
+    # is: mixed items in each piece come back in order, each counted once by what it became.
+    async with running_cluster(database_url, shard_count=1, submit_pieces=3) as cluster:
+        c = await cluster.client("acme")
+        await c.submit_many(specs("seen", 60))
+        registry = cluster.coordinator.metrics_registry
+
+        def counted() -> tuple[float | None, ...]:
+            return (
+                registry.get_sample_value("shardq_coordinator_jobs_submitted_total"),
+                registry.get_sample_value("shardq_coordinator_dedupe_hits_total"),
+                registry.get_sample_value(
+                    "shardq_coordinator_submit_refused_total", {"code": "INVALID_ARGUMENT"}
+                ),
+            )
+
+        assert counted() == (60, 0, None)
+        batch = []
+        for k in range(120):  # every third seen before, every seventh refused
+            spec = job_spec("h", {"i": k}, request_id=f"seen{k}" if k % 3 == 0 else f"new{k}")
+            if k % 7 == 0:
+                spec.priority = 99
+            batch.append(spec)
+        items = await c.submit_many(batch)
+        refused = [k for k in range(120) if k % 7 == 0]
+        deduplicated = [k for k in range(60) if k % 3 == 0 and k % 7]  # seen0..seen59
+        assert [i.index for i in items] == list(range(120))
+        assert [k for k, i in enumerate(items) if not i.ok] == refused
+        assert {items[k].error.field for k in refused} == {"job.priority"}  # type: ignore[union-attr]
+        assert [k for k, i in enumerate(items) if i.deduplicated] == deduplicated
+        assert [i.request_id for i in items if i.ok] == [
+            s.request_id for k, s in enumerate(batch) if k % 7
+        ]
+        new = 120 - len(refused) - len(deduplicated)
+        assert counted() == (60 + new, len(deduplicated), len(refused))
+
+
 async def test_a_batch_goes_whole_while_another_is_in_flight(
     cluster: Cluster, shard: Redis
 ) -> None:
