@@ -4,6 +4,7 @@ part taken out at a time.
     python bench/enqueue_parts.py [--jobs 10000] [--rounds 5] [--out FILE.json]
     python bench/enqueue_parts.py --instructions --jobs 2000 --rounds 1
     python bench/enqueue_parts.py --instructions --jobs 2000 --rounds 1 --coordinator-limits
+    python bench/enqueue_parts.py --instructions --jobs 2000 --rounds 1 --rate-limit
 
 Batches of 100 ready jobs of one tenant (a ``SubmitJobs`` call), each job new, on a shard at
 the job format a first install gets, through ``ShardClient.enqueue``. A part is taken out by
@@ -26,6 +27,10 @@ shows (``--jobs 2000 --rounds 1`` is enough: callgrind runs Redis ~50x slower).
 ``--coordinator-limits``: each job carries the admission limit every job of a coordinator at
 its defaults carries (``CoordinatorSettings.default_limits``: ``max_pending``), so the script
 checks the tenant's pending jobs as it does for a ``SubmitJobs`` call; without it, no limit.
+
+``--rate-limit``: each job carries a submit rate limit (``RATE_LIMIT``) high enough that every
+job gets a token, so the script takes one from the tenant's bucket per job, as for a tenant
+whose submits are rate limited.
 
 ``--shardq-python``: run the measure with another checkout's venv (its shardq), to compare
 two commits; the JSON records the commit of the shardq measured.
@@ -54,6 +59,9 @@ from shardq.coordinator.app import CoordinatorSettings  # noqa: E402
 from shardq.shard.client import ShardClient  # noqa: E402
 from shardq.shard.models import NO_LIMITS, NewJob, TenantLimits  # noqa: E402
 from shardq.shard.scripts import source  # noqa: E402
+
+#: ``--rate-limit``'s limits: a bucket no batch of the measure empties.
+RATE_LIMIT = TenantLimits(submit_rate_per_s=1e8, submit_burst=1_000_000_000)
 
 #: Each part: the text of ``enqueue.lua`` (with ``_lib.lua`` before it) that does it, and what
 #: stands in for it when it is taken out.
@@ -173,8 +181,19 @@ def main() -> None:
         action="store_true",
         help="each job with the admission limit of a coordinator at its defaults",
     )
+    ap.add_argument(
+        "--rate-limit",
+        action="store_true",
+        help="each job with a submit rate limit (every job gets a token)",
+    )
     a = parse_args(ap)
     limits = CoordinatorSettings().default_limits if a.coordinator_limits else NO_LIMITS
+    if a.rate_limit:
+        limits = dataclasses.replace(
+            limits,
+            submit_rate_per_s=RATE_LIMIT.submit_rate_per_s,
+            submit_burst=RATE_LIMIT.submit_burst,
+        )
     report = write_report(
         a,
         "shardq-enqueue-parts/1",

@@ -203,6 +203,22 @@ def test_the_enqueue_parts_benchmark_with_the_coordinators_limits(tmp_path: Path
     assert more == pytest.approx(dict.fromkeys(more, 0.01), abs=0.005)
 
 
+@pytest.mark.timeout(300)
+def test_the_enqueue_parts_benchmark_with_a_rate_limit(tmp_path: Path) -> None:
+    """``--rate-limit``: each job carries a submit rate that never runs out, and the script
+    reads and writes the tenant's bucket once per call of 100 jobs (an HMGET, an HSET and a
+    PEXPIRE: three commands per call more than without limits), not once per job."""
+    args = ("enqueue_parts.py", "--jobs", "500", "--rounds", "1")
+    plain = _bench_json(tmp_path, *args)
+    limited = _bench_json(tmp_path, *args, "--rate-limit")  # read before: same file
+    assert limited["params"]["limits"]["submit_rate_per_s"] == 1e8
+    more = {
+        name: limited["results"][name]["commands_per_job"] - r["commands_per_job"]
+        for name, r in plain["results"].items()
+    }
+    assert more == pytest.approx(dict.fromkeys(more, 0.03), abs=0.005)
+
+
 def test_the_enqueue_parts_benchmark_counts_the_servers_instructions(tmp_path: Path) -> None:
     """``--instructions``: the same variants, Redis run under callgrind, counted in
     instructions per job. A count, so two rounds agree closely, and each part taken out

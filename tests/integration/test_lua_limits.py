@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shardq.shard import FakeClock, ItemCode, Lease, NewJob, ShardClient, TenantLimits
+from shardq.shard import (
+    FakeClock,
+    ItemCode,
+    Lease,
+    NewJob,
+    ShardClient,
+    ShardSettings,
+    TenantLimits,
+)
 from tests.support.shard import LEASE, job
 from tests.support.state import dump
 
@@ -150,3 +158,37 @@ async def test_a_batch_counts_its_own_jobs_against_the_quotas(shard: ShardClient
     await shard.set_limits("acme", TenantLimits(max_pending=2))
     results = await shard.enqueue([job(f"J{i}", delay_ms=i) for i in range(4)])
     assert [r.code for r in results] == [OK, OK, OVER, OVER]
+
+
+async def test_a_batch_takes_its_tokens_as_the_same_jobs_sent_one_call_each(
+    redis: Redis, clock: FakeClock
+) -> None:
+    # enqueue.lua reads a tenant's bucket once per call and writes it once at its end: each
+    # job must still see it as the job before it left it. The same jobs go as one batch to
+    # one prefix and one call each to another, on the same Redis and clock: two tenants, the
+    # shard's limits and the callers' defaults (two rates and bursts for one tenant), a
+    # bucket left part full by an earlier call, and quota refusals that take no token.
+    batch, each = (ShardClient(redis, ShardSettings(key_prefix=p), clock) for p in ("one", "each"))
+    slow = TenantLimits(submit_rate_per_s=3, submit_burst=2)
+    fast = TenantLimits(submit_rate_per_s=7.5, submit_burst=4, max_pending_bytes=40)
+    for shard in (batch, each):
+        await shard.set_limits("acme", TenantLimits(submit_rate_per_s=2, submit_burst=3))
+        await shard.enqueue([sized("J0", 2), sized("J00", 2)])
+    clock.advance(333)  # acme's bucket: 1 + 0.666 tokens
+    jobs = [
+        sized("J1", 2), NewJob("beta", "h", b"1", "b1", job_id="B1", limits=slow),
+        sized("J2", 2), NewJob("beta", "h", b"2", "b2", job_id="B2", limits=fast),
+        NewJob("beta", "h", b"3", "b3", job_id="B3", limits=slow), sized("J3", 2),
+        NewJob("beta", "h", b"x" * 39, "b4", job_id="B4", limits=fast),
+        NewJob("beta", "h", b"5", "b5", job_id="B5", limits=fast),
+        NewJob("beta", "h", b"6", "b6", job_id="B6", limits=fast),
+    ]  # fmt: skip
+    in_one = [(r.code, r.job_id, r.retry_after_ms) for r in await batch.enqueue(jobs)]
+    one_each = [(r.code, r.job_id, r.retry_after_ms) for j in jobs for r in await each.enqueue([j])]
+    assert in_one == one_each
+    assert {c for c, _, _ in in_one} == {OK, LIMITED, OVER}
+    for tenant in ("acme", "beta"):
+        left = [await redis.hgetall(f"{p}:bucket:{tenant}") for p in ("one", "each")]
+        assert left[0] == left[1] and left[0], tenant
+        ttl = [await redis.pttl(f"{p}:bucket:{tenant}") for p in ("one", "each")]
+        assert abs(ttl[0] - ttl[1]) < 1_000 and min(ttl) > 0, ttl  # the last job's burst
