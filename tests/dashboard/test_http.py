@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -175,13 +176,15 @@ async def test_a_live_view_closes_when_its_session_reaches_its_lifetime(
     """A job page's live stream (WatchJob behind server-sent events) of a job that never
     ends is closed by the dashboard when the session's lifetime is up, without any request
     coming: an ``ended`` event, then the end of the stream. The session is over after it."""
-    lifetime_s = "30"
+    # Long enough for the login and the stream's opening on a slow machine (milliseconds).
+    lifetime_s = 6.0
     async with (
         running_cluster(database_url) as cluster,
-        dashboard(cluster.target, ["--dashboard-session-max-age-s", lifetime_s]) as dash,
+        dashboard(cluster.target, ["--dashboard-session-max-age-s", str(lifetime_s)]) as dash,
     ):
         job_id = (await (await cluster.client("acme")).submit("dash.gate", {})).job_id
         user = HttpUser(dash.url)
+        logged_in = time.monotonic()
         assert (await user.login(cluster.admin_token)).status == 303
         cookie = f"shardq_session={user.cookies['shardq_session']}"
         events = f"/tenants/acme/jobs/{job_id}/events"
@@ -189,6 +192,8 @@ async def test_a_live_view_closes_when_its_session_reaches_its_lifetime(
         lines = await asyncio.to_thread(read_events, dash.url, events, cookie)
         assert lines[0] == "event: job", lines
         assert lines[-3:] == ["event: ended", "data: ended", ""], lines
+        # Closed by the lifetime, not before it (the session began at the login's answer).
+        assert time.monotonic() - logged_in >= lifetime_s
         closed = f"live view of job {job_id} closed"
         await eventually(lambda: any(closed in d["msg"] for d in dash.json_lines()))
 
