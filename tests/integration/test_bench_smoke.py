@@ -305,3 +305,40 @@ def test_the_headline_of_a_run_without_the_first_figures_scenario_shows_its_figu
     drain = next(line for line in out.splitlines() if line.lstrip().startswith("drain 20k"))
     assert "shardq-tuned 18,400" in drain and "ratio 2.548" in drain, drain
     assert "shardq-defaults 10,097" in drain, drain
+
+
+@pytest.mark.timeout(120)
+def test_the_gc_pauses_benchmark_logs_every_python_process_the_command_starts(
+    tmp_path: Path,
+) -> None:
+    """``bench/gc_pauses.py`` over a Python process that starts another: both log their
+    collections (``--min-ms 0``: every one), the parent's full ones before and after its
+    ``gc.freeze()`` told apart, and the command's exit status is the tool's."""
+    child = "import gc; gc.collect()"
+    parent = (
+        "import gc, subprocess, sys; gc.collect(); gc.collect(); gc.freeze(); gc.collect(); "
+        f"subprocess.run([sys.executable, '-c', {child!r}], check=True); sys.exit(3)"
+    )
+    out = tmp_path / "gc.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "gc_pauses.py"), "--min-ms", "0", "--out", str(out),
+         "--", sys.executable, "-c", parent],
+        capture_output=True, text=True, timeout=100, check=False,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    report = json.loads(out.read_text())
+    assert report["exit_status"] == 3 and report["min_ms"] == 0
+    by_pid: dict[int, list[dict[str, Any]]] = {}
+    for pause in report["pauses"]:
+        by_pid.setdefault(pause["pid"], []).append(pause)
+    assert len(by_pid) == 2, by_pid.keys()  # the parent and its child, each logged
+    (kind,) = report["by_process"]
+    assert kind == "-c" and report["by_process"][kind]["processes"] == 2
+    full = {pid: [p["after_freeze"] for p in ps if p["generation"] == 2]
+            for pid, ps in by_pid.items()}  # fmt: skip
+    parent, child = sorted(by_pid, key=lambda pid: any(full[pid]), reverse=True)
+    # The parent's two full collections before its freeze, then its one after it and the one
+    # the interpreter makes at exit; the child (never frozen) has its own and its exit's.
+    assert full[parent] == [False, False, True, True], full
+    assert full[child] == [False, False], full
+    assert report["by_process"][kind]["after_freeze"]["full_collections"] == 2
