@@ -209,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MissingExtra as exc:
         print(f"shardq: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        # The command's modules are in (the `shardq` script paused the collector for them:
+        # shardq._programs); the command runs with it on, `shardq dev` and `jobs watch` for hours.
+        config.resume_gc_after_imports()
     try:
         code = execute(parser.parse_args(args))
         sys.stdout.flush()  # here, where a reader gone can still be told apart

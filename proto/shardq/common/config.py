@@ -245,6 +245,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _GcPause:
+    """Whether :func:`pause_gc_for_imports` holds the collector off (and not the process's
+    own code: only this pause is lifted by :func:`resume_gc_after_imports`)."""
+
+    held = False
+
+
+def pause_gc_for_imports() -> None:
+    """The collector off while a program imports its modules (``shardq._programs``): what
+    they make lives as long as the process, and collecting it while it is made only walks it
+    again and again. :func:`resume_gc_after_imports` turns it back on."""
+    if gc.isenabled():
+        gc.disable()
+        _GcPause.held = True
+
+
+def resume_gc_after_imports() -> None:
+    """After :func:`pause_gc_for_imports`: what the imports made frozen, out of every later
+    collection, and the collector back on. Does nothing without that pause (``main`` called
+    inside another program: a test's, a service's, whatever its collector's state)."""
+    if _GcPause.held:
+        _GcPause.held = False
+        gc.freeze()
+        gc.enable()
+
+
 def freeze_startup_heap() -> None:
     """Leave the objects made so far (modules, handlers, clients) out of every later garbage
     collection. A full collection walks every tracked object: ~64 ms for a worker's ~95k at

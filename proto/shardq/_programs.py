@@ -1,0 +1,58 @@
+"""The console scripts of ``pyproject.toml`` (``[project.scripts]``): each program's module is
+imported with the garbage collector paused, then what the imports made is frozen.
+
+Importing a server makes ~100k objects (modules, their functions and tables) that live as
+long as the process. With the collector on, the allocations trip collection after collection
+on the way, the full ones walking everything made so far: a third of a start
+(``shardq-worker --help`` 0.75 → 0.50 s, ``shardq migrate --help`` 0.59 → 0.39 s on the
+2-core bench machine; docs/benchmarks.md, session 31). Frozen (``gc.freeze``), they are left
+out of every later collection as well, as ``config.freeze_startup_heap`` does for the rest of
+a server's start.
+
+Here, in the namespace's root, because no room may import the others: each function imports
+its program only when it is run. ``shardq`` (the CLI) imports its command's modules inside
+``main``, which resumes the collector once it has them.
+"""
+
+from __future__ import annotations
+
+from shardq.common import config
+
+
+def shardq() -> int:
+    config.pause_gc_for_imports()
+    from shardq.coordinator.cli import main  # noqa: PLC0415 - after the pause
+
+    return main()
+
+
+def coordinator() -> None:
+    config.pause_gc_for_imports()
+    from shardq.coordinator.server import main  # noqa: PLC0415 - after the pause
+
+    config.resume_gc_after_imports()
+    main()
+
+
+def shard() -> None:
+    config.pause_gc_for_imports()
+    from shardq.shard.__main__ import main  # noqa: PLC0415 - after the pause
+
+    config.resume_gc_after_imports()
+    main()
+
+
+def worker() -> None:
+    config.pause_gc_for_imports()
+    from shardq.worker.__main__ import main  # noqa: PLC0415 - after the pause
+
+    config.resume_gc_after_imports()
+    main()
+
+
+def dashboard() -> int:
+    config.pause_gc_for_imports()
+    from shardq.coordinator.dashboard.server import main  # noqa: PLC0415 - after the pause
+
+    config.resume_gc_after_imports()
+    return main()
