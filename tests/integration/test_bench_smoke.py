@@ -342,3 +342,25 @@ def test_the_gc_pauses_benchmark_logs_every_python_process_the_command_starts(
     assert full[parent] == [False, False, True, True], full
     assert full[child] == [False, False], full
     assert report["by_process"][kind]["after_freeze"]["full_collections"] == 2
+
+
+@pytest.mark.timeout(180)
+def test_the_startup_benchmark_times_the_programs_beside_other_scripts(tmp_path: Path) -> None:
+    """``bench/startup.py`` with one run: a figure for every command, the servers' too with
+    ``--programs``, and each again for the scripts ``--vs-bin`` names (here the same)."""
+    bin_dir = str(Path(sys.executable).parent)
+    report = _bench_json(
+        tmp_path, "startup.py", "--runs", "1", "--top", "1", "--programs", "--vs-bin", bin_dir,
+        timeout=150,
+    )  # fmt: skip
+    programs = ["shardq --help", "shardq get --help", "shardq tokens --help",
+                "shardq migrate --help", "shardq-worker --help", "shardq-coordinator --help",
+                "shardq-shard --help"]  # fmt: skip
+    assert set(report["results"]) == {
+        "python -c pass",
+        *programs,
+        *(f"vs: {name}" for name in programs),
+    }
+    assert report["vs_bin"] == bin_dir and len(report["commit"]) == 40
+    for figures in report["results"].values():
+        assert 0 < figures["wall_s_min"] <= figures["wall_s_median"] <= figures["wall_s_max"]
