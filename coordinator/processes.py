@@ -70,6 +70,7 @@ def supervise(argv: list[str], processes: int, metrics_port: int) -> int:
                 *parent_death_prefix(),
                 sys.executable,
                 "-m",
+                "shardq._programs",  # its imports with the collector paused (a third of a start)
                 "shardq.coordinator.server",
                 *argv,
                 # The last occurrence of a flag wins in argparse: these override argv's.

@@ -11,10 +11,15 @@ a server's start.
 
 Here, in the namespace's root, because no room may import the others: each function imports
 its program only when it is run. ``shardq`` (the CLI) imports its command's modules inside
-``main``, which resumes the collector once it has them.
+``main``, which resumes the collector once it has them. ``python -m shardq._programs MODULE
+[ARG ...]`` runs a server as ``python -m MODULE`` would, the same way, for what starts them by
+module rather than by script (``shardq dev``, ``shardq-coordinator --processes``).
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
 
 from shardq.common import config
 
@@ -56,3 +61,24 @@ def dashboard() -> int:
 
     config.resume_gc_after_imports()
     return main()
+
+
+#: The servers' modules (what ``python -m`` names) and the function that runs each.
+BY_MODULE: dict[str, Callable[[], object]] = {
+    "shardq.coordinator.server": coordinator,
+    "shardq.shard": shard,
+    "shardq.worker": worker,
+}
+
+
+def run_module(argv: list[str]) -> None:
+    """``python -m shardq._programs MODULE [ARG ...]``: the server ``MODULE`` with ``ARG``s,
+    its program name (``sys.argv[0]``) its module's, as under ``python -m MODULE``."""
+    if len(argv) < 2 or argv[1] not in BY_MODULE:
+        raise SystemExit(f"usage: python -m shardq._programs {{{','.join(BY_MODULE)}}} [ARG ...]")
+    sys.argv = [argv[1], *argv[2:]]
+    BY_MODULE[argv[1]]()
+
+
+if __name__ == "__main__":
+    run_module(sys.argv)

@@ -63,3 +63,38 @@ def test_main_inside_another_process_leaves_its_collector_alone(
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+_RUN_MODULE = """
+import gc, json, sys
+from shardq import _programs
+try:
+    _programs.run_module(["-m", *sys.argv[1:]])
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "argv": sys.argv}))
+"""
+
+
+@pytest.mark.parametrize("module", ["shardq.worker", "shardq.shard", "shardq.coordinator.server"])
+def test_a_server_started_by_module_runs_as_its_script_does(module: str) -> None:
+    """``python -m shardq._programs MODULE`` (how ``shardq dev`` and ``--processes`` start
+    servers): the collector on, the imports frozen, and the server's own arguments."""
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_MODULE, module, "--help"], capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
+    state = json.loads(done.stdout.splitlines()[-1])
+    assert state["enabled"] is True and state["frozen"] > 5_000, state
+    assert state["argv"] == [module, "--help"]
+
+
+def test_an_unknown_module_is_refused_with_the_ones_there_are() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "shardq._programs", "shardq.nope"], capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "shardq.coordinator.server,shardq.shard,shardq.worker" in done.stderr

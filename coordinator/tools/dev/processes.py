@@ -48,16 +48,18 @@ class Child:
 def start_child(
     name: str, module: str, env: dict[str, object], log: Path, ops_port: int = 0
 ) -> Child:
-    """``python -m module`` with ``env`` as its only SHARDQ_* variables, its output in ``log``.
+    """``python -m module`` with ``env`` as its only SHARDQ_* variables, its output in ``log``
+    (through ``shardq._programs``: its imports with the garbage collector paused, a third of a
+    server's start).
 
-    Call it from the main thread only: PR_SET_PDEATHSIG fires when the thread that forked the
-    child ends, so a child forked from a worker thread could die early."""
+        Call it from the main thread only: PR_SET_PDEATHSIG fires when the thread that forked the
+        child ends, so a child forked from a worker thread could die early."""
     with open(log, "ab") as f:
         f.write(f"--- shardq dev: starting {name} at {time.ctime()}\n".encode())
         f.flush()
         log_start = f.tell()
         proc = subprocess.Popen(
-            [*parent_death_prefix(), sys.executable, "-m", module],
+            [*parent_death_prefix(), sys.executable, "-m", "shardq._programs", module],
             stdin=subprocess.DEVNULL,
             stdout=f,
             stderr=subprocess.STDOUT,
