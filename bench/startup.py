@@ -14,7 +14,9 @@ median's ratio to ``python -c pass``; quote medians. ``--programs`` adds ``--hel
 operator command that loads the database's modules and of the three servers (each has
 imported everything when it parses its flags); ``--vs-bin DIR`` times the same commands of the
 scripts in ``DIR`` (another checkout's venv) in the same turns, each named ``vs: ...``;
-``--out`` writes the figures, with the commit, as JSON. The targets of issue 16: ``shardq --help``
+``--out`` writes the figures, with the commit, as JSON. ``--programs`` also times a worker
+started by module both ways: through ``shardq._programs`` (as ``shardq dev`` does) and plain.
+The targets of issue 16: ``shardq --help``
 within 0.3 s and ``shardq get`` within 0.6 s on the 2-core development machine.
 """
 
@@ -68,15 +70,8 @@ def slowest_imports(argv: list[str], top: int) -> list[tuple[int, str]]:
     return sorted(rows, reverse=True)[:top]
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--runs", type=int, default=11, help="counted runs of each command")
-    p.add_argument("--get", default="", metavar="JOB_ID", help="also time `shardq get JOB_ID`")
-    p.add_argument("--top", type=int, default=10, help="slowest imports to list per command")
-    p.add_argument("--programs", action="store_true", help="also the servers' --help")
-    p.add_argument("--vs-bin", type=Path, help="also the same commands of the scripts in DIR")
-    p.add_argument("--out", type=Path, help="JSON file for the figures")
-    args = p.parse_args()
+def _commands(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The commands to time, by name, ``python -c pass`` first."""
     words = [["--help"], ["get", "--help"], ["tokens", "--help"]]
     if args.programs:
         words.append(["migrate", "--help"])
@@ -89,8 +84,31 @@ def main() -> int:
         commands[name] = [str(BIN / script), *rest]
         if args.vs_bin:
             commands[f"vs: {name}"] = [str(args.vs_bin / script), *rest]
+    if args.programs:
+        # A worker as `shardq dev` starts one (by module, through shardq._programs) and as
+        # plain `python -m` does, in this checkout.
+        for module in ("shardq._programs shardq.worker", "shardq.worker"):
+            commands[f"python -m {module} --help"] = [
+                sys.executable,
+                "-m",
+                *module.split(),
+                "--help",
+            ]
     if args.get:
         commands[f"shardq get {args.get}"] = [str(BIN / "shardq"), "get", args.get]
+    return commands
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--runs", type=int, default=11, help="counted runs of each command")
+    p.add_argument("--get", default="", metavar="JOB_ID", help="also time `shardq get JOB_ID`")
+    p.add_argument("--top", type=int, default=10, help="slowest imports to list per command")
+    p.add_argument("--programs", action="store_true", help="also the servers' --help")
+    p.add_argument("--vs-bin", type=Path, help="also the same commands of the scripts in DIR")
+    p.add_argument("--out", type=Path, help="JSON file for the figures")
+    args = p.parse_args()
+    commands = _commands(args)
     results = measure(commands, args.runs)
     base = statistics.median(w for w, _ in results["python -c pass"])
     print(f"{'command':<34} {'wall s min/median/max':>24} {'cpu s median':>13} {'x pass':>7}")

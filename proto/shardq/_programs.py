@@ -66,6 +66,7 @@ def dashboard() -> int:
 #: The servers' modules (what ``python -m`` names) and the function that runs each.
 BY_MODULE: dict[str, Callable[[], object]] = {
     "shardq.coordinator.server": coordinator,
+    "shardq.coordinator.dashboard": dashboard,
     "shardq.shard": shard,
     "shardq.worker": worker,
 }
@@ -77,7 +78,9 @@ def run_module(argv: list[str]) -> None:
     if len(argv) < 2 or argv[1] not in BY_MODULE:
         raise SystemExit(f"usage: python -m shardq._programs {{{','.join(BY_MODULE)}}} [ARG ...]")
     sys.argv = [argv[1], *argv[2:]]
-    BY_MODULE[argv[1]]()
+    status = BY_MODULE[argv[1]]()
+    if status:  # the dashboard's exit code (the servers return nothing: they raise to fail)
+        raise SystemExit(status)
 
 
 if __name__ == "__main__":

@@ -360,6 +360,8 @@ def test_the_startup_benchmark_times_the_programs_beside_other_scripts(tmp_path:
         "python -c pass",
         *programs,
         *(f"vs: {name}" for name in programs),
+        "python -m shardq._programs shardq.worker --help",
+        "python -m shardq.worker --help",
     }
     assert report["vs_bin"] == bin_dir and len(report["commit"]) == 40
     for figures in report["results"].values():

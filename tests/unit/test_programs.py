@@ -76,7 +76,10 @@ print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "a
 """
 
 
-@pytest.mark.parametrize("module", ["shardq.worker", "shardq.shard", "shardq.coordinator.server"])
+@pytest.mark.parametrize(
+    "module",
+    ["shardq.worker", "shardq.shard", "shardq.coordinator.server", "shardq.coordinator.dashboard"],
+)
 def test_a_server_started_by_module_runs_as_its_script_does(module: str) -> None:
     """``python -m shardq._programs MODULE`` (how ``shardq dev`` and ``--processes`` start
     servers): the collector on, the imports frozen, and the server's own arguments."""
@@ -97,4 +100,4 @@ def test_an_unknown_module_is_refused_with_the_ones_there_are() -> None:
         text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 1
-    assert "shardq.coordinator.server,shardq.shard,shardq.worker" in done.stderr
+    assert "shardq.coordinator.server,shardq.coordinator.dashboard,shardq.shard" in done.stderr
