@@ -4,7 +4,7 @@ imported with the garbage collector paused, then what the imports made is frozen
 Importing a server makes ~100k objects (modules, their functions and tables) that live as
 long as the process. With the collector on, the allocations trip collection after collection
 on the way, the full ones walking everything made so far: a third of a start
-(``shardq-worker --help`` 0.75 → 0.50 s, ``shardq migrate --help`` 0.59 → 0.39 s on the
+(``shardq-worker --help`` 0.75 → 0.49 s, ``shardq migrate --help`` 0.62 → 0.39 s on the
 2-core bench machine; docs/benchmarks.md, session 31). Frozen (``gc.freeze``), they are left
 out of every later collection as well, as ``config.freeze_startup_heap`` does for the rest of
 a server's start.
