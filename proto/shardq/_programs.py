@@ -18,8 +18,10 @@ module rather than by script (``shardq dev``, ``shardq-coordinator --processes``
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
+from typing import cast
 
 from shardq.common import config
 
@@ -31,36 +33,28 @@ def shardq() -> int:
     return main()
 
 
-def coordinator() -> None:
+def _run(module: str) -> object:
+    """``module``'s ``main()``, the module imported with the collector paused."""
     config.pause_gc_for_imports()
-    from shardq.coordinator.server import main  # noqa: PLC0415 - after the pause
-
+    main = importlib.import_module(module).main
     config.resume_gc_after_imports()
-    main()
+    return main()
+
+
+def coordinator() -> None:
+    _run("shardq.coordinator.server")
 
 
 def shard() -> None:
-    config.pause_gc_for_imports()
-    from shardq.shard.__main__ import main  # noqa: PLC0415 - after the pause
-
-    config.resume_gc_after_imports()
-    main()
+    _run("shardq.shard.__main__")
 
 
 def worker() -> None:
-    config.pause_gc_for_imports()
-    from shardq.worker.__main__ import main  # noqa: PLC0415 - after the pause
-
-    config.resume_gc_after_imports()
-    main()
+    _run("shardq.worker.__main__")
 
 
 def dashboard() -> int:
-    config.pause_gc_for_imports()
-    from shardq.coordinator.dashboard.server import main  # noqa: PLC0415 - after the pause
-
-    config.resume_gc_after_imports()
-    return main()
+    return cast(int, _run("shardq.coordinator.dashboard.server"))  # its main's exit code
 
 
 #: The servers' modules (what ``python -m`` names) and the function that runs each.
