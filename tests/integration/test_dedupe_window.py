@@ -183,9 +183,8 @@ async def test_a_resubmit_after_the_window_is_a_new_job_that_the_result_row_answ
         assert inside.deduplicated and inside.job.job_id == first.job.job_id
 
         # Past the window: the shard's Redis lets the keys go. Their TTLs are the window's
-        # rest; the shard's clock is then wound on by the window rather than waited out (30 s,
-        # the longest wait of the suite): every TTL on the shard shortened by it, as that
-        # time passing would have done.
+        # rest; the window is then wound on rather than waited out (30 s, the longest wait of
+        # the suite): every TTL on the shard shortened by it, as its passing would have done.
         for r in (rid, later):
             assert 0 < await dedupe_ttl_ms(cluster, tenant, r) <= MIN_DEDUPE_WINDOW_S * 1000
         await wind_on(cluster, tenant, MIN_DEDUPE_WINDOW_S * 1000)

@@ -52,8 +52,8 @@ def start_child(
     (through ``shardq._programs``: its imports with the garbage collector paused, a third of a
     server's start).
 
-        Call it from the main thread only: PR_SET_PDEATHSIG fires when the thread that forked the
-        child ends, so a child forked from a worker thread could die early."""
+    Call it from the main thread only: PR_SET_PDEATHSIG fires when the thread that forked the
+    child ends, so a child forked from a worker thread could die early."""
     with open(log, "ab") as f:
         f.write(f"--- shardq dev: starting {name} at {time.ctime()}\n".encode())
         f.flush()
