@@ -10,8 +10,10 @@ PYTHONPATH (so its ``sitecustomize`` is imported by every Python process it star
 inherits the environment: the bench driver, the CLI, the coordinator, the shard loops, the
 workers), which logs each collection of ``--min-ms`` or longer. The report: per kind of
 process (its program's name), the processes seen, and the count, longest and total of the
-pauses before and after ``gc.freeze()`` (the servers freeze what start-up made:
-``shardq.common.config``), printed and written to ``--out``. Exits with the command's status.
+pauses before and after a first ``gc.freeze()`` (the servers freeze what their imports made,
+``shardq._programs``, then the rest of their start-up, ``shardq.common.config``; a process
+started otherwise, only the latter), printed and written to ``--out``. Exits with the
+command's status.
 
 Standard library only.
 """

@@ -1,8 +1,9 @@
 """Imported at start-up by every Python process that ``bench/gc_pauses.py`` runs (this folder
 is put first on their PYTHONPATH): each garbage collection of ``BENCH_GC_MIN_MS`` or longer
-is appended, as a JSON line, to a file of the process's own in ``BENCH_GC_LOG_DIR``. Whether
-the collection came after ``gc.freeze()`` (``shardq.common.config``) tells start-up apart from
-the run. Standard library only; nothing is written by a process without a long collection."""
+is appended, as a JSON line, to a file of the process's own in ``BENCH_GC_LOG_DIR``, with
+whether it came after a first ``gc.freeze()`` (``shardq._programs``, ``shardq.common.config``):
+what a server's start-up made is frozen. Standard library only; nothing is written by a
+process without a long collection."""
 
 from __future__ import annotations
 
